@@ -1,0 +1,62 @@
+"""durable-worker: a durable background-job worker for Python, backed by PostgreSQL.
+
+    from worker import task, enqueue
+
+    @task
+    def add(payload):
+        return payload["a"] + payload["b"]
+
+    job = enqueue("add", {"a": 1, "b": 2})   # run `worker run mymodule` to process it
+    assert job.wait_sync(timeout=10) == 3
+"""
+
+from worker.client import (
+    AsyncClient,
+    Client,
+    InvalidJob,
+    InvalidTransition,
+    Job,
+    JobCancelledError,
+    JobError,
+    JobFailed,
+    JobNotFound,
+    JobSpec,
+    cancel,
+    cleanup_jobs,
+    enqueue,
+    enqueue_many,
+    resume,
+    retry,
+)
+from worker.models import JobStatus, ProgressEvent
+from worker.stages import ALL_DONE, ALL_SUCCESS, Pipeline, TriggerRule
+from worker.tasks import Context, JobCancelled, PauseForResolution, task
+
+__all__ = [
+    "ALL_DONE",
+    "ALL_SUCCESS",
+    "AsyncClient",
+    "Client",
+    "Context",
+    "InvalidJob",
+    "InvalidTransition",
+    "Job",
+    "JobCancelled",
+    "JobCancelledError",
+    "JobError",
+    "JobFailed",
+    "JobNotFound",
+    "JobSpec",
+    "JobStatus",
+    "PauseForResolution",
+    "Pipeline",
+    "ProgressEvent",
+    "TriggerRule",
+    "cancel",
+    "cleanup_jobs",
+    "enqueue",
+    "enqueue_many",
+    "resume",
+    "retry",
+    "task",
+]

@@ -1,0 +1,91 @@
+"""Writes job outcomes back in batches: one statement for everything finished since the last.
+
+No fixed delay: the flusher writes as soon as there is something to write, and whatever
+finishes during a write goes into the next one. At low load that is one job per statement
+(lowest latency); under load it batches by itself (up to `MAX_BATCH`), which is what keeps
+the drain rate close to the bare claim/complete loop's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any
+from uuid import UUID
+
+from psycopg_pool import AsyncConnectionPool
+
+from worker.daemon.db import Patience, fetch
+from worker.db import sql
+from worker.settings import Settings
+from worker.tasks import Outcome
+
+log = logging.getLogger("worker.jobs")
+
+MAX_BATCH = 500  # keeps one statement's locks short and its parameters small
+
+
+class Completer:
+    def __init__(
+        self,
+        pool: AsyncConnectionPool,  # type: ignore[type-arg]
+        worker_id: UUID,
+        settings: Settings,
+        patience: Patience,
+        on_recorded: Callable[[list[tuple[Any, ...]]], None] | None = None,
+    ) -> None:
+        self._pool = pool
+        self._worker_id = worker_id
+        self._settings = settings
+        self._patience = patience
+        self._on_recorded = on_recorded
+        self._queue: list[tuple[UUID, Outcome]] = []
+        self._ready = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    def add(self, job_id: UUID, outcome: Outcome, result_json: str | None) -> None:
+        outcome.result = result_json
+        self._queue.append((job_id, outcome))
+        self._idle.clear()
+        self._ready.set()
+
+    @property
+    def pending(self) -> int:
+        return len(self._queue)
+
+    async def run(self) -> None:
+        while True:
+            await self._ready.wait()
+            self._ready.clear()
+            while self._queue:
+                batch, self._queue = self._queue[:MAX_BATCH], self._queue[MAX_BATCH:]
+                rows = await self._patience.run(
+                    "recording job outcomes", lambda b=batch: self._write(b)
+                )  # type: ignore[misc]
+                if self._on_recorded is not None:
+                    self._on_recorded(rows)
+            self._idle.set()
+
+    async def drain(self) -> None:
+        """Wait until everything handed over so far is written."""
+        await self._idle.wait()
+
+    async def _write(self, batch: list[tuple[UUID, Outcome]]) -> list[tuple[Any, ...]]:
+        s = self._settings
+        return await fetch(
+            self._pool,
+            sql.RECORD_OUTCOMES,
+            {
+                "ids": [job_id for job_id, _ in batch],
+                "outcomes": [o.kind for _, o in batch],
+                "results": [o.result for _, o in batch],
+                "errors": [o.error for _, o in batch],
+                "delays": [o.delay for _, o in batch],
+                "worker_id": self._worker_id,
+                "default_max_retries": s.max_retries,
+                "backoff_base": s.retry_backoff_base,
+                "backoff_max": s.retry_backoff_max,
+            },
+        )

@@ -1,0 +1,144 @@
+"""The daemon's periodic duties, each a small component with its own loop.
+
+- `Heartbeat` renews this worker's lease (one row in `worker.workers`, not one per job) and,
+  as a fallback for a lost NOTIFY, picks up cancel requests for the jobs it holds.
+- `Rescuer` puts the jobs of workers silent for a whole lease back to `pending`. Rescue is
+  purely based on time: a worker that stalls longer than the lease (a frozen VM, a long outage)
+  loses its jobs to others, and its late results are discarded by the outcome guard.
+- `Retention` deletes finished jobs older than the retention period, in small batches.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from uuid import UUID
+
+from psycopg_pool import AsyncConnectionPool
+
+from worker.daemon.db import TRANSIENT, fetch
+from worker.db import sql
+from worker.models import TERMINAL_STATUSES
+from worker.settings import Settings
+
+log = logging.getLogger("worker.daemon")
+
+
+class Heartbeat:
+    def __init__(
+        self,
+        pool: AsyncConnectionPool,  # type: ignore[type-arg]
+        worker_id: UUID,
+        registration: dict[str, object],
+        lease: float,
+        on_cancel: Callable[[str], None],
+    ) -> None:
+        self._pool = pool
+        self._id = worker_id
+        self._registration = registration
+        self.interval = lease / 3
+        self._on_cancel = on_cancel
+        self.healthy_since: float | None = None
+
+    async def beat(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            async with self._pool.connection() as conn:
+                cur = await conn.execute(sql.HEARTBEAT, {"id": self._id})
+                if cur.rowcount == 0:
+                    log.warning(
+                        "worker %s was presumed dead by another worker; its jobs may run "
+                        "again elsewhere; registering again",
+                        self._id,
+                    )
+                    await conn.execute(sql.REGISTER_WORKER, self._registration)
+                cur = await conn.execute(
+                    "SELECT id::text FROM worker.jobs WHERE status = 'processing' "
+                    "AND worker_id = %(id)s AND cancel_requested",
+                    {"id": self._id},
+                )
+                for (job_id,) in await cur.fetchall():
+                    self._on_cancel(job_id)
+        except TRANSIENT:
+            self.healthy_since = None
+            raise
+        if self.healthy_since is None:
+            self.healthy_since = loop.time()
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval)
+            try:
+                await self.beat()
+            except TRANSIENT as exc:
+                log.debug("heartbeat failed: %s", type(exc).__name__)
+
+
+class Rescuer:
+    def __init__(
+        self,
+        pool: AsyncConnectionPool,  # type: ignore[type-arg]
+        heartbeat: Heartbeat,
+        lease: float,
+    ) -> None:
+        self._pool = pool
+        self._heartbeat = heartbeat
+        self._lease = lease
+
+    async def rescue(self) -> int:
+        rows = await fetch(self._pool, sql.RESCUE, {"lease": self._lease})
+        for job_id, task, queue, _ in rows:
+            log.warning(
+                "job %s (%s, queue %s) rescued: its worker stopped heartbeating; back to pending",
+                job_id,
+                task,
+                queue,
+            )
+        return len(rows)
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(self._lease / 4 * (0.75 + random.random() / 2))
+            since = self._heartbeat.healthy_since
+            # Only a worker that has itself been reachable for a whole lease may judge others:
+            # after an outage every heartbeat is stale, including the live workers'.
+            if since is None or loop.time() - since < self._lease:
+                continue
+            try:
+                await self.rescue()
+            except TRANSIENT as exc:
+                log.debug("rescue skipped: %s", type(exc).__name__)
+
+
+class Retention:
+    def __init__(self, pool: AsyncConnectionPool, settings: Settings) -> None:  # type: ignore[type-arg]
+        self._pool = pool
+        self._settings = settings
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(self._settings.retention_interval * (0.5 + random.random()))
+            before = datetime.now(UTC) - timedelta(days=self._settings.retention_days)
+            try:
+                removed = 0
+                while True:
+                    async with self._pool.connection() as conn:
+                        cur = await conn.execute(
+                            sql.PRUNE_BATCH,
+                            {
+                                "statuses": sorted(TERMINAL_STATUSES),
+                                "before": before,
+                                "batch": 1000,
+                            },
+                        )
+                    removed += cur.rowcount
+                    if cur.rowcount < 1000:
+                        break
+                if removed:
+                    log.info("retention removed %d finished jobs", removed)
+            except TRANSIENT as exc:
+                log.debug("retention skipped: %s", type(exc).__name__)

@@ -1,0 +1,397 @@
+"""The claim loop: claim as many jobs as there are free slots, run them, hand outcomes over.
+
+One asyncio loop per process. `async` tasks run on the loop, sync tasks in a thread pool of
+`WORKER_CONCURRENCY` threads. The loop wakes at once on NOTIFY (a job inserted, a job resumed,
+a cancel request) and, when idle, polls with exponential backoff from `WORKER_POLL_MIN` up to
+`WORKER_POLL_MAX`: notifications are an optimisation, polling alone drains the queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import threading
+import time
+import traceback
+import uuid
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+from uuid import UUID
+
+import psycopg
+from psycopg_pool import AsyncConnectionPool
+
+from worker.daemon.completer import Completer
+from worker.daemon.db import TRANSIENT, Patience, fetch, make_pool
+from worker.daemon.duties import Heartbeat, Rescuer, Retention
+from worker.db import sql
+from worker.events import PostgresBus, ProgressBus
+from worker.settings import Settings
+from worker.stages import StageRow
+from worker.tasks import (
+    REGISTRY,
+    ClaimedJob,
+    Context,
+    Executable,
+    JobCancelled,
+    Outcome,
+    PauseForResolution,
+    Snooze,
+    TaskTimeout,
+    dumps,
+)
+
+log = logging.getLogger("worker.daemon")
+job_log = logging.getLogger("worker.jobs")
+
+
+def next_poll_delay(current: float, found_work: bool, poll_min: float, poll_max: float) -> float:
+    """Idle polling: back to the minimum on work, else double up to the maximum."""
+    return poll_min if found_work else min(current * 2, poll_max)
+
+
+class PgStageStore:
+    """Stage bookkeeping on the daemon's pool (see `stages.StageStore`)."""
+
+    def __init__(self, pool: AsyncConnectionPool, patience: Patience) -> None:  # type: ignore[type-arg]
+        self._pool = pool
+        self._patience = patience
+
+    async def load(self, job_id: UUID) -> list[StageRow]:
+        rows = await self._patience.run(
+            "reading stages", lambda: fetch(self._pool, sql.GET_STAGES, {"id": job_id})
+        )
+        return [StageRow(r[0], r[1], r[2], r[3], r[4], r[5]) for r in rows]
+
+    async def started(self, job_id: UUID, stage: str, kind: str, attempt: int) -> float:
+        params = {"job_id": job_id, "stage": stage, "kind": kind, "attempt": attempt}
+        rows = await self._patience.run(
+            "recording a stage start", lambda: fetch(self._pool, sql.STAGE_STARTED, params)
+        )
+        return float(rows[0][0])
+
+    async def finished(
+        self, job_id: UUID, stage: str, status: str, output: Any = None, error: str | None = None
+    ) -> None:
+        params = {
+            "job_id": job_id,
+            "stage": stage,
+            "status": status,
+            "output": output,
+            "error": error,
+        }
+        await self._patience.run(
+            "recording a stage end", lambda: fetch(self._pool, sql.STAGE_FINISHED, params)
+        )
+
+
+class Worker:
+    """A worker process's engine. `worker run` builds one and runs it until SIGTERM.
+
+    >>> worker = Worker(url, settings)          # doctest: +SKIP
+    >>> asyncio.run(worker.run())               # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        url: str,
+        settings: Settings,
+        *,
+        registry: Mapping[str, Executable] = REGISTRY,
+        bus: ProgressBus | None = None,
+    ) -> None:
+        self.url = url
+        self.settings = settings
+        self.id = uuid.uuid4()
+        self.registry = registry
+        self.queues = list(settings.queues)
+        self.concurrency = settings.concurrency
+        self.bus: ProgressBus = bus if bus is not None else PostgresBus(url)
+        self._stop = asyncio.Event()
+        self._notified = asyncio.Event()
+        self._slot_freed = asyncio.Event()
+        self._inflight: dict[str, threading.Event] = {}
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._stuck: set[str] = set()  # jobs done, but their sync thread still runs
+        self._threads: dict[str, int] = {}
+        self._threads_lock = threading.Lock()
+        self._executor = ThreadPoolExecutor(settings.concurrency, "worker-task")
+        self._patience = Patience(self._stop.is_set)
+        self.pool: AsyncConnectionPool = make_pool(url, settings.concurrency)  # type: ignore[type-arg]
+        self.store = PgStageStore(self.pool, self._patience)
+        self.processed = 0
+
+    # -- Runtime, as seen by running jobs ---------------------------------------------------
+
+    async def in_thread(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run blocking user code in the pool, counting the thread against its job's slot."""
+        loop = asyncio.get_running_loop()
+        current = asyncio.current_task()
+        key = current.get_name().removeprefix("job-") if current else ""
+
+        def tracked() -> Any:
+            with self._threads_lock:
+                self._threads[key] = self._threads.get(key, 0) + 1
+            try:
+                return fn(*args)
+            finally:
+                with self._threads_lock:
+                    self._threads[key] -= 1
+                    done = self._threads[key] == 0
+                    if done:
+                        del self._threads[key]
+                if done and key in self._stuck:
+                    loop.call_soon_threadsafe(self._thread_done, key)
+
+        return await loop.run_in_executor(self._executor, tracked)
+
+    def _thread_done(self, key: str) -> None:
+        self._stuck.discard(key)
+        log.warning("job %s: its abandoned thread returned at last; slot free again", key)
+        self._slot_freed.set()
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    def request_stop(self) -> None:
+        """Stop claiming; running jobs get `WORKER_SHUTDOWN_GRACE` seconds to finish."""
+        if not self._stop.is_set():
+            log.info(
+                "worker %s stopping: no new jobs; waiting for %d running",
+                self.id,
+                len(self._inflight),
+            )
+        self._stop.set()
+        self._notified.set()
+        self._slot_freed.set()
+
+    async def run(self) -> None:
+        registration = {
+            "id": self.id,
+            "hostname": socket.gethostname(),
+            "pid": os.getpid(),
+            "queues": self.queues,
+            "concurrency": self.concurrency,
+        }
+        await self.pool.open(wait=False)
+        await self._patience.run(
+            "registering the worker",
+            lambda: fetch(self.pool, sql.REGISTER_WORKER, registration),
+        )
+        heartbeat = Heartbeat(
+            self.pool, self.id, registration, self.settings.lease_seconds, self._cancel_requested
+        )
+        await heartbeat.beat()
+        completer = Completer(self.pool, self.id, self.settings, self._patience, self._recorded)
+        self._completer = completer
+        await self.bus.start()
+        duties = [
+            asyncio.create_task(completer.run(), name="completer"),
+            asyncio.create_task(heartbeat.run(), name="heartbeat"),
+            asyncio.create_task(
+                Rescuer(self.pool, heartbeat, self.settings.lease_seconds).run(), name="rescuer"
+            ),
+            asyncio.create_task(self._listen(), name="listener"),
+        ]
+        if self.settings.retention_enabled:
+            duties.append(asyncio.create_task(Retention(self.pool, self.settings).run()))
+        log.info(
+            "worker %s started: queues %s, concurrency %d, tasks %s",
+            self.id,
+            ",".join(self.queues),
+            self.concurrency,
+            ", ".join(sorted(self.registry)) or "none",
+        )
+        try:
+            await self._claim_loop()
+        finally:
+            await self._shutdown(completer, duties)
+
+    async def _shutdown(self, completer: Completer, duties: list[asyncio.Task[Any]]) -> None:
+        grace = self.settings.shutdown_grace
+        if self._tasks:
+            _, pending = await asyncio.wait(list(self._tasks.values()), timeout=grace)
+            if pending:
+                log.warning(
+                    "%d jobs still running after %.1f s; handing them back", len(pending), grace
+                )
+                for job_id in list(self._tasks):
+                    self._inflight[job_id].set()
+                for task in pending:
+                    task.cancel()
+                await asyncio.wait(pending, timeout=2.0)
+        with contextlib.suppress(*TRANSIENT):
+            await asyncio.wait_for(completer.drain(), 30)
+        unfinished = list(self._inflight) + list(self._stuck)
+        with contextlib.suppress(*TRANSIENT, TimeoutError):
+            if unfinished:
+                await asyncio.wait_for(
+                    fetch(self.pool, sql.RELEASE, {"worker_id": self.id, "ids": unfinished}), 10
+                )
+            await asyncio.wait_for(fetch(self.pool, sql.DEREGISTER_WORKER, {"id": self.id}), 10)
+        for task in duties:
+            task.cancel()
+        await asyncio.gather(*duties, return_exceptions=True)
+        await self.bus.aclose()
+        await self.pool.close()
+        self._executor.shutdown(wait=False, cancel_futures=True)
+        log.info("worker %s stopped after %d jobs", self.id, self.processed)
+
+    # -- claiming ---------------------------------------------------------------------------
+
+    async def _claim_loop(self) -> None:
+        s = self.settings
+        delay = s.poll_min
+        while not self._stop.is_set():
+            free = self.concurrency - len(self._inflight) - len(self._stuck)
+            if free <= 0:
+                self._slot_freed.clear()
+                await self._slot_freed.wait()
+                continue
+            self._notified.clear()
+            try:
+                rows = await fetch(
+                    self.pool,
+                    sql.CLAIM,
+                    {
+                        "queues": self.queues,
+                        "limit": free,
+                        "worker_id": self.id,
+                        "default_max_retries": s.max_retries,
+                    },
+                )
+            except TRANSIENT as exc:
+                log.warning("claim failed (%s); retrying in %.1f s", type(exc).__name__, delay)
+                await asyncio.sleep(delay)
+                delay = next_poll_delay(delay, False, s.poll_min, s.poll_max)
+                continue
+            for row in rows:
+                self._start(ClaimedJob(*row))
+            if len(rows) == free:
+                delay = s.poll_min
+                continue
+            delay = next_poll_delay(delay, bool(rows), s.poll_min, s.poll_max) if rows else delay
+            log.debug("idle: next poll in %.3f s", delay)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._notified.wait(), delay)
+            if not rows and not self._notified.is_set():
+                delay = next_poll_delay(delay, False, s.poll_min, s.poll_max)
+            elif self._notified.is_set():
+                delay = s.poll_min
+
+    def _start(self, job: ClaimedJob) -> None:
+        key = str(job.id)
+        cancel = threading.Event()
+        if job.cancel_requested:
+            cancel.set()
+        self._inflight[key] = cancel
+        self._tasks[key] = asyncio.create_task(self._execute(job, cancel), name=f"job-{key}")
+        job_log.debug("job %s (%s) started, attempt %d", key, job.task, job.attempt)
+
+    async def _execute(self, job: ClaimedJob, cancel: threading.Event) -> None:
+        key = str(job.id)
+        entry = self.registry.get(job.task)
+        result_json: str | None = None
+        try:
+            if entry is None:
+                outcome = Outcome(
+                    "failed",
+                    error=f"no task named {job.task!r} is registered with this worker "
+                    f"(known: {', '.join(sorted(self.registry)) or 'none'})",
+                )
+            else:
+                timeout = entry.timeout or self.settings.task_timeout
+                ctx = Context(
+                    job,
+                    self,
+                    cancel,  # type: ignore[arg-type]
+                    deadline=time.monotonic() + timeout if timeout else None,
+                )
+                outcome = await self._attempt(entry, ctx)
+                if outcome.kind == "completed":
+                    try:
+                        result_json = dumps(outcome.result)
+                    except TypeError as exc:
+                        outcome = Outcome(
+                            "failed", error=f"task {job.task} returned a value that is {exc}"
+                        )
+                elif outcome.kind == "paused":
+                    result_json = dumps(outcome.result)
+        except asyncio.CancelledError:
+            return  # shutting down: the job is handed back by _shutdown
+        finally:
+            self._tasks.pop(key, None)
+        with self._threads_lock:
+            if key in self._threads:
+                self._stuck.add(key)
+                log.warning(
+                    "job %s (%s) ended but its thread ignores the cancel and still "
+                    "runs; it keeps its slot until it returns",
+                    key,
+                    job.task,
+                )
+        self._inflight.pop(key, None)
+        self._completer.add(job.id, outcome, result_json)
+        self._slot_freed.set()
+
+    async def _attempt(self, entry: Executable, ctx: Context) -> Outcome:
+        try:
+            return await entry.execute(ctx)
+        except JobCancelled:
+            return Outcome("cancelled", error="cancelled")
+        except Snooze as snooze:
+            return Outcome("snoozed", delay=snooze.seconds)
+        except PauseForResolution as pause:
+            return Outcome("paused", result=pause.question)
+        except TaskTimeout as exc:
+            return Outcome("retry", error=str(exc))
+        except Exception as exc:
+            return Outcome(
+                "retry", error=f"{type(exc).__name__}: {exc}\n" + traceback.format_exc(limit=30)
+            )
+
+    def _recorded(self, rows: list[tuple[Any, ...]]) -> None:
+        self.processed += len(rows)
+        if not job_log.isEnabledFor(logging.INFO):
+            return
+        for job_id, status, task, queue, retry_count, duration, _ in rows:
+            job_log.info(
+                "job %s %s %s in %.3f s (queue %s, retries %d)",
+                job_id,
+                task,
+                status,
+                duration or 0.0,
+                queue,
+                retry_count,
+            )
+
+    # -- notifications ----------------------------------------------------------------------
+
+    def _cancel_requested(self, job_id: str) -> None:
+        flag = self._inflight.get(job_id)
+        if flag is not None and not flag.is_set():
+            job_log.info("job %s cancel requested", job_id)
+            flag.set()
+
+    async def _listen(self) -> None:
+        delay = 0.1
+        while True:
+            try:
+                async with await psycopg.AsyncConnection.connect(self.url, autocommit=True) as conn:
+                    await conn.execute("LISTEN worker_jobs")
+                    await conn.execute("LISTEN worker_cancel")
+                    delay = 0.1
+                    self._notified.set()  # anything inserted while we were not listening
+                    async for note in conn.notifies():
+                        if note.channel == "worker_jobs":
+                            if note.payload in self.queues:
+                                self._notified.set()
+                        else:
+                            self._cancel_requested(note.payload)
+            except TRANSIENT as exc:
+                log.debug("listener lost (%s); polling until it is back", type(exc).__name__)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)

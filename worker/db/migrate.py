@@ -1,0 +1,37 @@
+"""Running the Alembic migrations from code (`worker migrate`, the tests, the demo)."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+
+MIGRATIONS = Path(__file__).resolve().parents[2] / "migrations"
+
+
+def alembic_config(url: str | None = None) -> Config:
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS))
+    cfg.set_main_option("path_separator", "os")
+    if url is not None:
+        cfg.attributes["url"] = url
+    return cfg
+
+
+def upgrade(url: str, revision: str = "head") -> None:
+    command.upgrade(alembic_config(url), revision)
+
+
+def downgrade(url: str, revision: str = "base") -> None:
+    command.downgrade(alembic_config(url), revision)
+
+
+def upgrade_sql(revision: str = "head") -> str:
+    """The SQL `upgrade` would run, for a DBA to review or apply by hand."""
+    out = io.StringIO()
+    cfg = alembic_config()
+    cfg.output_buffer = out
+    command.upgrade(cfg, revision, sql=True)
+    return out.getvalue()

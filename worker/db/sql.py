@@ -1,0 +1,245 @@
+"""Every statement that moves a job, in one place.
+
+Parameters use psycopg's `%(name)s` style; the client runs these through SQLAlchemy's
+`exec_driver_sql`, the daemon through psycopg directly. Each statement that can race another
+says in one line why it is safe.
+"""
+
+# -- enqueue ------------------------------------------------------------------------------
+
+# The statement trigger `worker.jobs_notify` sends one NOTIFY per inserting transaction and queue.
+ENQUEUE = """
+INSERT INTO worker.jobs (task, payload, queue, priority, run_at, max_retries)
+VALUES (%(task)s, %(payload)s::jsonb, %(queue)s, %(priority)s,
+        coalesce(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s)),
+        %(max_retries)s)
+RETURNING id
+"""
+
+# One round trip for any number of jobs: parallel arrays, unnested server-side.
+ENQUEUE_MANY = """
+INSERT INTO worker.jobs (task, payload, queue, priority, run_at, max_retries)
+SELECT t, p::jsonb, q, pr, coalesce(ra, now() + make_interval(secs => d)), mr
+FROM unnest(%(tasks)s::text[], %(payloads)s::text[], %(queues)s::text[],
+            %(priorities)s::smallint[], %(run_ats)s::timestamptz[],
+            %(delays)s::float8[], %(max_retries)s::int[]) AS x(t, p, q, pr, ra, d, mr)
+RETURNING id
+"""
+
+# -- the worker's hot path ----------------------------------------------------------------
+
+# Safe: SKIP LOCKED gives each pending row to exactly one claimer; the CTE fences the LIMIT
+# before the UPDATE, so a worker never takes more jobs than it has free slots.
+CLAIM = """
+WITH next AS (
+    SELECT id FROM worker.jobs
+    WHERE status = 'pending' AND queue = ANY(%(queues)s::text[]) AND run_at <= now()
+    ORDER BY priority DESC, run_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE worker.jobs AS j
+SET status = 'processing', worker_id = %(worker_id)s, started_at = now(), error = NULL
+FROM next WHERE j.id = next.id
+RETURNING j.id, j.task, j.payload, j.queue, j.priority, j.retry_count,
+          coalesce(j.max_retries, %(default_max_retries)s) AS max_retries,
+          j.cancel_requested, j.answer, j.error AS last_error
+"""
+
+# Safe: guarded by status = 'processing' AND worker_id = us, so a job rescued from this worker
+# (and perhaps finished by another) is never overwritten; the NOTIFY is sent at commit, after
+# the rows are visible, so a waiter woken by it reads the final state.
+# `outcome` is completed | retry | failed | cancelled | paused | snoozed. A retry becomes
+# pending after a backoff with jitter while retries remain, else failed.
+RECORD_OUTCOMES = """
+WITH r AS (
+    SELECT * FROM unnest(%(ids)s::uuid[], %(outcomes)s::text[], %(results)s::text[],
+                         %(errors)s::text[], %(delays)s::float8[])
+             AS r(id, outcome, result, error, delay)
+), done AS (
+    UPDATE worker.jobs AS j SET
+        status = CASE
+            WHEN r.outcome = 'retry' THEN
+                CASE WHEN j.retry_count < coalesce(j.max_retries, %(default_max_retries)s)
+                     THEN 'pending' ELSE 'failed' END
+            WHEN r.outcome = 'snoozed' THEN 'pending'
+            ELSE r.outcome END,
+        retry_count = j.retry_count + CASE
+            WHEN r.outcome = 'retry'
+                 AND j.retry_count < coalesce(j.max_retries, %(default_max_retries)s)
+            THEN 1 ELSE 0 END,
+        run_at = CASE
+            WHEN r.outcome = 'retry' THEN now() + make_interval(secs => least(
+                %(backoff_max)s, %(backoff_base)s * power(2, j.retry_count)) * (0.5 + random() / 2))
+            WHEN r.outcome = 'snoozed' THEN now() + make_interval(secs => r.delay)
+            ELSE j.run_at END,
+        result = CASE WHEN r.outcome = 'completed' THEN r.result::jsonb ELSE j.result END,
+        question = CASE WHEN r.outcome = 'paused' THEN r.result::jsonb ELSE j.question END,
+        error = coalesce(r.error, CASE WHEN r.outcome = 'snoozed' THEN j.error END),
+        finished_at = CASE WHEN r.outcome IN ('completed', 'failed', 'cancelled') THEN now()
+                           WHEN r.outcome = 'retry' AND j.retry_count >= coalesce(
+                                j.max_retries, %(default_max_retries)s) THEN now() END
+    FROM r
+    WHERE j.id = r.id AND j.status = 'processing' AND j.worker_id = %(worker_id)s
+    RETURNING j.id, j.status, j.task, j.queue, j.retry_count, j.started_at
+)
+SELECT id, status, task, queue, retry_count,
+       extract(epoch FROM now() - started_at) AS duration,
+       pg_notify('worker_done', id::text) IS NULL AS _
+FROM done
+"""
+
+# -- liveness -----------------------------------------------------------------------------
+
+REGISTER_WORKER = """
+INSERT INTO worker.workers (id, hostname, pid, queues, concurrency)
+VALUES (%(id)s, %(hostname)s, %(pid)s, %(queues)s, %(concurrency)s)
+ON CONFLICT (id) DO UPDATE SET heartbeat_at = now()
+"""
+
+# One row per worker, not per job: the heartbeat is the lease on every job the worker holds.
+HEARTBEAT = "UPDATE worker.workers SET heartbeat_at = now() WHERE id = %(id)s"
+
+DEREGISTER_WORKER = "DELETE FROM worker.workers WHERE id = %(id)s"
+
+# Safe: only workers silent for a whole lease are removed, and a live worker beats every
+# lease/3; SKIP LOCKED lets two rescuers split the orphans instead of waiting on each other.
+# A rescued job counts the lost attempt; the claim decides what to do when none remain.
+RESCUE = """
+WITH dead AS (
+    DELETE FROM worker.workers
+    WHERE heartbeat_at < now() - make_interval(secs => %(lease)s)
+    RETURNING id
+), orphans AS (
+    SELECT j.id FROM worker.jobs AS j
+    WHERE j.status = 'processing'
+      AND (j.worker_id IN (SELECT id FROM dead)
+           OR NOT EXISTS (SELECT 1 FROM worker.workers AS w WHERE w.id = j.worker_id))
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE worker.jobs AS j
+SET status = 'pending', retry_count = j.retry_count + 1, run_at = now(),
+    error = 'the worker running this job was lost (no heartbeat for '
+            || %(lease)s::text || ' s)'
+FROM orphans WHERE j.id = orphans.id
+RETURNING j.id, j.task, j.queue, pg_notify('worker_jobs', j.queue) IS NULL AS _
+"""
+
+# A clean stop hands unfinished jobs back without counting an attempt.
+RELEASE = """
+UPDATE worker.jobs SET status = 'pending', run_at = now()
+WHERE status = 'processing' AND worker_id = %(worker_id)s AND id = ANY(%(ids)s::uuid[])
+RETURNING id, pg_notify('worker_jobs', queue) IS NULL AS _
+"""
+
+# -- operator actions ---------------------------------------------------------------------
+
+# Safe: the row lock orders this against a claim. A job that never started is cancelled at
+# once; a running one (or one whose stages ran and may owe a cleanup) gets a request that a
+# worker honours at the next stage boundary, running the ALL_DONE cleanup first.
+CANCEL = """
+WITH target AS (
+    SELECT j.id, j.status,
+           EXISTS (SELECT 1 FROM worker.job_stages AS s WHERE s.job_id = j.id) AS has_stages
+    FROM worker.jobs AS j WHERE j.id = %(id)s FOR UPDATE
+), changed AS (
+    UPDATE worker.jobs AS j SET
+        status = CASE WHEN t.status IN ('pending', 'paused') AND NOT t.has_stages
+                      THEN 'cancelled'
+                      WHEN t.status = 'paused' THEN 'pending'
+                      ELSE j.status END,
+        finished_at = CASE WHEN t.status IN ('pending', 'paused') AND NOT t.has_stages
+                           THEN now() ELSE j.finished_at END,
+        run_at = CASE WHEN t.status IN ('pending', 'paused') THEN now() ELSE j.run_at END,
+        cancel_requested = true
+    FROM target AS t
+    WHERE j.id = t.id AND t.status IN ('pending', 'paused', 'processing')
+    RETURNING j.id, j.status, j.queue
+)
+SELECT (SELECT status FROM target) AS before, c.status AS after,
+       pg_notify(CASE WHEN c.status = 'cancelled' THEN 'worker_done' ELSE 'worker_cancel' END,
+                 c.id::text) IS NULL AS _,
+       pg_notify('worker_jobs', c.queue) IS NULL AS __
+FROM (SELECT 1) AS one LEFT JOIN changed AS c ON true
+"""
+
+# Only a paused job can be resumed; the row lock makes two resumes of one job run in turn.
+RESUME = """
+UPDATE worker.jobs SET status = 'pending', answer = %(answer)s::jsonb, run_at = now()
+WHERE id = %(id)s AND status = 'paused'
+RETURNING id, pg_notify('worker_jobs', queue) IS NULL AS _
+"""
+
+# A failed or cancelled job runs again from its first unfinished stage, with fresh retries.
+RETRY = """
+UPDATE worker.jobs SET status = 'pending', retry_count = 0, run_at = now(), finished_at = NULL,
+       cancel_requested = false, error = NULL
+WHERE id = %(id)s AND status IN ('failed', 'cancelled')
+RETURNING id, pg_notify('worker_jobs', queue) IS NULL AS _
+"""
+
+JOB_STATUS = "SELECT status FROM worker.jobs WHERE id = %(id)s"
+
+GET_JOB = """
+SELECT id, queue, task, payload, status, priority, run_at, retry_count, max_retries, result,
+       error, created_at, started_at, finished_at, worker_id, cancel_requested, question, answer
+FROM worker.jobs WHERE id = %(id)s
+"""
+
+GET_STAGES = """
+SELECT stage, kind, status, output, error, attempt, started_at, finished_at
+FROM worker.job_stages WHERE job_id = %(id)s ORDER BY started_at, stage
+"""
+
+# Retention: a bounded batch per statement, so no lock is held for long; stages and events go
+# with their job (ON DELETE CASCADE).
+PRUNE_BATCH = """
+WITH doomed AS (
+    SELECT id FROM worker.jobs
+    WHERE status = ANY(%(statuses)s::text[]) AND finished_at < %(before)s
+    ORDER BY finished_at
+    LIMIT %(batch)s
+    FOR UPDATE SKIP LOCKED
+)
+DELETE FROM worker.jobs AS j USING doomed WHERE j.id = doomed.id
+"""
+
+# -- stages -------------------------------------------------------------------------------
+
+# A stage row is keyed by (job, stage); a snoozed stage keeps its first start, so a deadline
+# counts from when the stage first ran.
+STAGE_STARTED = """
+INSERT INTO worker.job_stages (job_id, stage, kind, status, attempt)
+VALUES (%(job_id)s, %(stage)s, %(kind)s, 'running', %(attempt)s)
+ON CONFLICT (job_id, stage) DO UPDATE SET
+    status = 'running', attempt = EXCLUDED.attempt, output = NULL, error = NULL,
+    finished_at = NULL,
+    started_at = CASE WHEN worker.job_stages.status IN ('snoozed', 'paused')
+                      THEN worker.job_stages.started_at ELSE now() END
+RETURNING extract(epoch FROM now() - started_at) AS age
+"""
+
+# Output and status in one statement: a completed stage always has its output stored.
+STAGE_FINISHED = """
+UPDATE worker.job_stages
+SET status = %(status)s, output = %(output)s::jsonb, error = %(error)s,
+    finished_at = CASE WHEN %(status)s IN ('snoozed', 'paused') THEN NULL ELSE now() END
+WHERE job_id = %(job_id)s AND stage = %(stage)s
+"""
+
+# -- progress events ----------------------------------------------------------------------
+
+PUBLISH_EVENTS = """
+WITH ins AS (
+    INSERT INTO worker.job_events (job_id, step, status, message, created_at)
+    SELECT * FROM unnest(%(job_ids)s::uuid[], %(steps)s::text[], %(statuses)s::text[],
+                         %(messages)s::jsonb[], %(created)s::timestamptz[])
+    RETURNING job_id
+)
+SELECT pg_notify('worker_events', job_id::text) FROM (SELECT DISTINCT job_id FROM ins) AS d
+"""
+
+READ_EVENTS = """
+SELECT id, job_id, step, status, message, created_at FROM worker.job_events
+WHERE job_id = %(job_id)s AND id > %(after)s ORDER BY id LIMIT %(limit)s
+"""

@@ -1,0 +1,35 @@
+"""The progress bus: a port with two adapters.
+
+`MemoryBus` keeps events in this process (tests, single-process use). `PostgresBus` stores
+them in `worker.job_events` and sends a NOTIFY per flush, so an API in another process (or on
+another machine) streams what a worker publishes. `publish` never blocks and never raises: a
+slow bus must not slow or fail a job.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Protocol
+
+from worker.events.memory import MemoryBus
+from worker.events.postgres import PostgresBus
+from worker.models import ProgressEvent
+
+
+class ProgressBus(Protocol):
+    def publish(self, event: ProgressEvent) -> None:
+        """Queue an event for delivery; thread-safe, never blocks, never raises."""
+
+    async def history(self, job_id: str, after: int = 0) -> list[ProgressEvent]:
+        """Events of a job with an id greater than `after`, oldest first."""
+
+    def follow(self, job_id: str, after: int = 0) -> AsyncIterator[ProgressEvent]:
+        """Past events after `after`, then new ones as they are published (never ends)."""
+
+    async def start(self) -> None: ...
+
+    async def aclose(self) -> None:
+        """Deliver what is queued, then release resources."""
+
+
+__all__ = ["MemoryBus", "PostgresBus", "ProgressBus"]

@@ -1,0 +1,49 @@
+"""Value types shared by every layer: job statuses and progress events."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+
+class JobStatus(StrEnum):
+    """Where a job is in its life. Stored as text in `worker.jobs.status`.
+
+    >>> JobStatus("completed").is_terminal
+    True
+    """
+
+    PENDING = "pending"
+    PROCESSING = "processing"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    PAUSED = "paused"
+    CANCELLED = "cancelled"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in TERMINAL_STATUSES
+
+
+TERMINAL_STATUSES = frozenset({JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED})
+
+EventStatus = Literal[
+    "started", "progress", "completed", "skipped", "paused", "failed", "cancelled"
+]
+
+
+class ProgressEvent(BaseModel):
+    """One step of a job's progress, as published on the progress bus.
+
+    `id` increases monotonically per bus, so a reader can resume after the last id it saw.
+    """
+
+    job_id: str
+    step: str
+    status: EventStatus
+    message: dict[str, Any] | None = None
+    id: int = 0
+    created_at: datetime = Field(default_factory=lambda: datetime.now(UTC))

@@ -1,0 +1,131 @@
+"""The tables of the `worker` PostgreSQL schema, as SQLAlchemy Core.
+
+The Alembic migrations in `migrations/` create exactly these (a test compares them). Every
+column of `worker.jobs` but `task` has a default, so a plain
+`INSERT INTO worker.jobs (task, payload) VALUES ('name', '{}')` is a complete enqueue.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    Column,
+    DateTime,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    PrimaryKeyConstraint,
+    SmallInteger,
+    Table,
+    Text,
+    text,
+)
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB, UUID
+
+SCHEMA = "worker"
+STATUSES = ("pending", "processing", "completed", "failed", "paused", "cancelled")
+MAX_TASK_NAME = 255
+PRIORITY_RANGE = (-100, 100)
+
+metadata = MetaData(schema=SCHEMA)
+
+_status_list = ", ".join(f"'{s}'" for s in STATUSES)
+
+jobs = Table(
+    "jobs",
+    metadata,
+    Column("id", UUID(as_uuid=True), primary_key=True, server_default=text("gen_random_uuid()")),
+    Column("queue", Text, nullable=False, server_default=text("'default'")),
+    Column("task", Text, nullable=False),
+    Column("payload", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    Column("status", Text, nullable=False, server_default=text("'pending'")),
+    Column("priority", SmallInteger, nullable=False, server_default=text("0")),
+    Column("run_at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
+    Column("retry_count", Integer, nullable=False, server_default=text("0")),
+    # NULL: the worker's WORKER_MAX_RETRIES applies, so SQL inserts follow the operator's setting.
+    Column("max_retries", Integer, nullable=True),
+    Column("result", JSONB, nullable=True),
+    Column("error", Text, nullable=True),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
+    Column("started_at", DateTime(timezone=True), nullable=True),
+    Column("finished_at", DateTime(timezone=True), nullable=True),
+    # The claiming worker; its heartbeat in worker.workers is the lease on the job.
+    Column("worker_id", UUID(as_uuid=True), nullable=True),
+    Column("cancel_requested", Boolean, nullable=False, server_default=text("false")),
+    # Pause for a human: the question asked, then the operator's answer.
+    Column("question", JSONB, nullable=True),
+    Column("answer", JSONB, nullable=True),
+    CheckConstraint(f"status IN ({_status_list})", name="jobs_status_valid"),
+    CheckConstraint(
+        f"char_length(task) BETWEEN 1 AND {MAX_TASK_NAME}", name="jobs_task_name_length"
+    ),
+    CheckConstraint("char_length(queue) BETWEEN 1 AND 255", name="jobs_queue_name_length"),
+    CheckConstraint("jsonb_typeof(payload) = 'object'", name="jobs_payload_is_object"),
+    CheckConstraint(
+        f"priority BETWEEN {PRIORITY_RANGE[0]} AND {PRIORITY_RANGE[1]}", name="jobs_priority_range"
+    ),
+    CheckConstraint("retry_count >= 0", name="jobs_retry_count_positive"),
+    CheckConstraint("max_retries IS NULL OR max_retries >= 0", name="jobs_max_retries_positive"),
+    # Only runnable rows: the claim reads this index and nothing else, however many rows finished.
+    Index(
+        "jobs_runnable_idx",
+        "queue",
+        text("priority DESC"),
+        "run_at",
+        postgresql_where=text("status = 'pending'"),
+    ),
+    Index("jobs_processing_idx", "worker_id", postgresql_where=text("status = 'processing'")),
+    Index(
+        "jobs_finished_idx",
+        "finished_at",
+        postgresql_where=text("status IN ('completed', 'failed', 'cancelled')"),
+    ),
+    Index("jobs_created_idx", "created_at"),
+)
+
+workers = Table(
+    "workers",
+    metadata,
+    Column("id", UUID(as_uuid=True), primary_key=True),
+    Column("hostname", Text, nullable=False),
+    Column("pid", Integer, nullable=False),
+    Column("queues", ARRAY(Text), nullable=False),
+    Column("concurrency", Integer, nullable=False),
+    Column("started_at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
+    Column("heartbeat_at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
+)
+
+job_stages = Table(
+    "job_stages",
+    metadata,
+    Column("job_id", UUID(as_uuid=True), ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False),
+    Column("stage", Text, nullable=False),
+    Column("kind", Text, nullable=False, server_default=text("'stage'")),
+    Column("status", Text, nullable=False),
+    Column("output", JSONB, nullable=True),
+    Column("error", Text, nullable=True),
+    Column("attempt", Integer, nullable=False),
+    Column("started_at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
+    Column("finished_at", DateTime(timezone=True), nullable=True),
+    PrimaryKeyConstraint("job_id", "stage", name="job_stages_pkey"),
+    CheckConstraint("kind IN ('stage', 'cleanup')", name="job_stages_kind_valid"),
+    CheckConstraint(
+        "status IN ('running', 'completed', 'failed', 'paused', 'snoozed', 'cancelled')",
+        name="job_stages_status_valid",
+    ),
+)
+
+job_events = Table(
+    "job_events",
+    metadata,
+    Column("id", BigInteger, primary_key=True, autoincrement=True),
+    Column("job_id", UUID(as_uuid=True), ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False),
+    Column("step", Text, nullable=False),
+    Column("status", Text, nullable=False),
+    Column("message", JSONB, nullable=True),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
+    Index("job_events_job_idx", "job_id", "id"),
+)

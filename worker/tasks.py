@@ -1,0 +1,268 @@
+"""`@task`: registering the functions a worker can run, and what a run hands back.
+
+A task is a plain function (sync or `async`) taking the job's payload, a JSON object, and
+returning a JSON value, stored as the job's result. A function with a second parameter gets a
+`Context`, to report progress or notice a cancel request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, overload
+from uuid import UUID
+
+from worker.models import ProgressEvent
+
+if TYPE_CHECKING:
+    from worker.events import ProgressBus
+
+JSON = Any
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class JobCancelled(Exception):
+    """Raised inside a job (by `Context.raise_if_cancelled`) when a cancel was requested."""
+
+
+class Snooze(Exception):
+    """Raised by `Context.snooze`: run this job again after `seconds`, without a retry."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(f"snoozed for {seconds} s")
+        self.seconds = seconds
+
+
+class PauseForResolution(Exception):
+    """Raise to park the job as `paused` until an operator resumes it with an answer.
+
+    >>> raise PauseForResolution({"question": "Ship it?"})   # doctest: +SKIP
+    """
+
+    def __init__(self, question: JSON) -> None:
+        super().__init__(str(question))
+        self.question = question
+
+
+@dataclass
+class ClaimedJob:
+    """A job as the claim returned it."""
+
+    id: UUID
+    task: str
+    payload: dict[str, JSON]
+    queue: str
+    priority: int
+    retry_count: int
+    max_retries: int
+    cancel_requested: bool
+    answer: JSON
+    last_error: str | None
+
+    @property
+    def attempt(self) -> int:
+        return self.retry_count + 1
+
+
+@dataclass
+class Outcome:
+    """How an attempt ended, as the completer writes it (see `sql.RECORD_OUTCOMES`)."""
+
+    kind: str  # completed | retry | failed | cancelled | paused | snoozed
+    result: JSON = None
+    error: str | None = None
+    delay: float = 0.0
+
+
+class Runtime(Protocol):
+    """What the daemon lends a running job: the progress bus and a way to run blocking code."""
+
+    bus: ProgressBus
+
+    async def in_thread(self, fn: Callable[..., Any], *args: Any) -> Any: ...
+
+
+@dataclass
+class Context:
+    """What a running job (or stage) can see and do.
+
+    >>> def resize(payload, ctx):                      # doctest: +SKIP
+    ...     for i, image in enumerate(payload["images"]):
+    ...         ctx.raise_if_cancelled()
+    ...         ctx.progress(100 * i / len(payload["images"]), image=image)
+    """
+
+    job: ClaimedJob
+    runtime: Runtime
+    cancel_event: threading.Event
+    outputs: dict[str, JSON] = field(default_factory=dict)
+    step: str = ""
+    deadline: float | None = None  # time.monotonic() by which the job must finish
+
+    @property
+    def job_id(self) -> str:
+        return str(self.job.id)
+
+    @property
+    def payload(self) -> dict[str, JSON]:
+        return self.job.payload
+
+    @property
+    def attempt(self) -> int:
+        return self.job.attempt
+
+    @property
+    def answer(self) -> JSON:
+        """The operator's answer, once a paused job was resumed."""
+        return self.job.answer
+
+    @property
+    def cancelled(self) -> bool:
+        """True once a cancel was requested; long stages check it and stop early."""
+        return self.cancel_event.is_set()
+
+    def raise_if_cancelled(self) -> None:
+        if self.cancelled:
+            raise JobCancelled(f"job {self.job_id} was cancelled")
+
+    def progress(self, pct: float | None = None, **message: JSON) -> None:
+        """Publish a `progress` event; never blocks the job, whatever the bus does."""
+        if pct is not None:
+            message = {"pct": pct, **message}
+        self.emit(self.step or self.job.task, "progress", message or None)
+
+    def emit(self, step: str, status: str, message: dict[str, JSON] | None = None) -> None:
+        self.runtime.bus.publish(
+            ProgressEvent(job_id=self.job_id, step=step, status=status, message=message)  # type: ignore[arg-type]
+        )
+
+    def snooze(self, seconds: float) -> None:
+        """Give the slot back and run this stage again in `seconds` (not counted as a retry)."""
+        raise Snooze(seconds)
+
+    def pause(self, question: JSON) -> None:
+        """Park the job until an operator answers `question` (see `worker.resume`)."""
+        raise PauseForResolution(question)
+
+
+def dumps(value: JSON) -> str:
+    """JSON text for the database; refuses NaN and non-JSON values with a clear error."""
+    try:
+        return json.dumps(value, allow_nan=False, separators=(",", ":"))
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"not JSON-serialisable: {exc}") from None
+
+
+class TaskTimeout(Exception):
+    """The job ran past its timeout (`@task(timeout=...)` or `WORKER_TASK_TIMEOUT`)."""
+
+
+async def call(ctx: Context, fn: Callable[..., Any], is_async: bool, *args: Any) -> Any:
+    """Run user code: `async` on the loop, sync in a worker thread, within the job's deadline.
+
+    A sync function past its deadline cannot be stopped; it is told through `ctx.cancelled`
+    and its thread keeps its slot until it returns (the daemon reports it).
+    """
+    work = fn(*args) if is_async else ctx.runtime.in_thread(fn, *args)
+    if ctx.deadline is None:
+        return await work
+    try:
+        return await asyncio.wait_for(work, max(ctx.deadline - time.monotonic(), 0.0))
+    except TimeoutError:
+        ctx.cancel_event.set()
+        raise TaskTimeout(f"job {ctx.job_id} ({ctx.job.task}) ran past its timeout") from None
+
+
+def settled_before_start(job: ClaimedJob) -> Outcome | None:
+    """The outcome of a job that must not run at all: cancelled while it waited, or out of
+    attempts after its worker was lost (see `sql.RESCUE`)."""
+    if job.cancel_requested:
+        return Outcome("cancelled", error="cancelled")
+    if job.retry_count > job.max_retries:
+        return Outcome("failed", error=job.last_error or "out of attempts")
+    return None
+
+
+class Executable(Protocol):
+    """Anything the registry can run: a `Task` or a `Pipeline`."""
+
+    name: str
+    timeout: float | None
+
+    async def execute(self, ctx: Context) -> Outcome: ...
+
+
+@dataclass
+class Task:
+    """A registered function. Created by `@task`; the function stays callable as before."""
+
+    name: str
+    fn: Callable[..., Any]
+    timeout: float | None = None
+    wants_context: bool = False
+    is_async: bool = False
+
+    async def execute(self, ctx: Context) -> Outcome:
+        settled = settled_before_start(ctx.job)
+        if settled is not None:
+            return settled
+        args: tuple[Any, ...] = (ctx.payload, ctx) if self.wants_context else (ctx.payload,)
+        return Outcome("completed", result=await call(ctx, self.fn, self.is_async, *args))
+
+
+REGISTRY: dict[str, Executable] = {}
+
+
+def register(entry: Executable) -> None:
+    existing = REGISTRY.get(entry.name)
+    if existing is not None and existing is not entry:
+        raise ValueError(f"a task named {entry.name!r} is already registered")
+    REGISTRY[entry.name] = entry
+
+
+@overload
+def task(fn: F, /) -> F: ...
+@overload
+def task(*, name: str | None = None, timeout: float | None = None) -> Callable[[F], F]: ...
+
+
+def task(
+    fn: Callable[..., Any] | None = None,
+    /,
+    *,
+    name: str | None = None,
+    timeout: float | None = None,
+) -> Any:
+    """Register a function as a task; the worker runs it for jobs naming it.
+
+    >>> @task
+    ... def add(payload):
+    ...     return payload["a"] + payload["b"]
+    >>> @task(name="emails.send", timeout=30)
+    ... async def send(payload):
+    ...     return {"sent": True}
+    """
+
+    def decorate(f: Callable[..., Any]) -> Callable[..., Any]:
+        params = [
+            p
+            for p in inspect.signature(f).parameters.values()
+            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+        ]
+        register(
+            Task(
+                name=name or f.__name__,
+                fn=f,
+                timeout=timeout,
+                wants_context=len(params) >= 2,
+                is_async=inspect.iscoroutinefunction(f),
+            )
+        )
+        return f
+
+    return decorate(fn) if fn is not None else decorate
