@@ -1,0 +1,108 @@
+"""The status machine end to end: a real worker process against a real PostgreSQL."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import Processes, query, wait_for
+
+from worker import Client, InvalidJob, JobFailed, JobStatus
+
+
+def status_of(url: str, job_id: str) -> str:
+    return str(query(url, "SELECT status FROM worker.jobs WHERE id = %s", (job_id,))[0][0])
+
+
+def test_job_goes_pending_processing_completed(env, database_url, processes: Processes):
+    client = Client(database_url)
+    job = client.enqueue("effect", {"key": "slow", "sleep": 1.0})
+    assert status_of(database_url, job.job_id) == "pending"
+    processes.worker(env, "testtasks")
+    wait_for(lambda: status_of(database_url, job.job_id) == "processing", message="processing")
+    assert job.wait_sync(timeout=20) == "done"
+    row = query(
+        database_url,
+        "SELECT status, result, started_at <= finished_at, error FROM worker.jobs WHERE id = %s",
+        (job.job_id,),
+    )[0]
+    assert row == ("completed", "done", True, None)
+
+
+def test_sync_and_async_tasks_store_their_results(env, database_url, processes):
+    client = Client(database_url)
+    processes.worker(env, "testtasks")
+    assert client.enqueue("add", {"a": 2, "b": 3}).wait_sync(timeout=20) == 5
+    assert client.enqueue("async_double", {"n": 21}).wait_sync(timeout=20) == 42
+
+
+def test_job_inserted_with_plain_sql_is_picked_up(env, database_url, processes):
+    processes.worker(env, "testtasks")
+    (job_id,) = query(
+        database_url,
+        "INSERT INTO worker.jobs (task, payload) "
+        "VALUES ('add', '{\"a\": 1, \"b\": 1}') RETURNING id::text",
+    )[0]
+    wait_for(lambda: status_of(database_url, job_id) == "completed", timeout=20)
+    assert query(database_url, "SELECT result FROM worker.jobs WHERE id = %s", (job_id,)) == [(2,)]
+
+
+def test_unknown_task_fails_at_once_without_retries(env, database_url, processes):
+    processes.worker(env, "testtasks")
+    job = Client(database_url).enqueue("no_such_task", {})
+    with pytest.raises(JobFailed, match="no task named 'no_such_task' is registered"):
+        job.wait_sync(timeout=20)
+    assert job.retry_count == 0
+
+
+def test_task_returning_non_json_fails_with_a_clear_error(env, database_url, processes):
+    processes.worker(env, "testtasks")
+    job = Client(database_url).enqueue("not_json", {})
+    with pytest.raises(JobFailed, match="not JSON-serialisable"):
+        job.wait_sync(timeout=20)
+
+
+@pytest.mark.parametrize(
+    ("payload", "message"),
+    [
+        ([1, 2], "payload must be a JSON object"),
+        ("text", "payload must be a JSON object"),
+        ({"when": object()}, "not JSON-serialisable"),
+        ({"x": float("nan")}, "not JSON-serialisable"),
+        ({"x": "a\x00b"}, "NUL character"),
+    ],
+)
+def test_bad_payload_is_refused_before_anything_is_written(database_url, payload, message):
+    with pytest.raises(InvalidJob, match=message):
+        Client(database_url).enqueue("add", payload)
+    assert query(database_url, "SELECT count(*) FROM worker.jobs") == [(0,)]
+
+
+def test_bad_options_are_refused(database_url):
+    client = Client(database_url)
+    with pytest.raises(InvalidJob, match="priority"):
+        client.enqueue("add", {}, priority=1000)
+    with pytest.raises(InvalidJob, match="task name"):
+        client.enqueue("x" * 10_000, {})
+    assert query(database_url, "SELECT count(*) FROM worker.jobs") == [(0,)]
+
+
+def test_database_refuses_rows_out_of_range(database_url):
+    import psycopg
+
+    for column, value in [("status", "'running'"), ("priority", "500"), ("payload", "'[1]'")]:
+        with pytest.raises(psycopg.errors.CheckViolation):
+            query(database_url, f"INSERT INTO worker.jobs (task, {column}) VALUES ('add', {value})")
+    assert query(database_url, "SELECT count(*) FROM worker.jobs") == [(0,)]
+
+
+def test_status_machine_statuses_are_the_documented_ones():
+    assert [s.value for s in JobStatus] == [
+        "pending",
+        "processing",
+        "completed",
+        "failed",
+        "paused",
+        "cancelled",
+    ]
+    assert json.dumps(JobStatus.COMPLETED) == '"completed"'
