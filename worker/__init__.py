@@ -1,13 +1,13 @@
 """durable-worker: a durable background-job worker for Python, backed by PostgreSQL.
 
-    from worker import task, enqueue
+from worker import task, enqueue
 
-    @task
-    def add(payload):
-        return payload["a"] + payload["b"]
+@task
+def add(payload):
+    return payload["a"] + payload["b"]
 
-    job = enqueue("add", {"a": 1, "b": 2})   # run `worker run mymodule` to process it
-    assert job.wait_sync(timeout=10) == 3
+job = enqueue("add", {"a": 1, "b": 2})   # run `worker run mymodule` to process it
+assert job.wait_sync(timeout=10) == 3
 """
 
 from worker.client import (

@@ -60,8 +60,14 @@ def friendly(fn: F) -> F:
             return fn(*args, **kwargs)
         except SettingsError as exc:
             raise fail(str(exc), 2) from None
-        except (CliError, InvalidJob, InvalidTransition, JobNotFound, EmbeddedServerError,
-                ValueError) as exc:
+        except (
+            CliError,
+            InvalidJob,
+            InvalidTransition,
+            JobNotFound,
+            EmbeddedServerError,
+            ValueError,
+        ) as exc:
             raise fail(scrub(str(exc))) from None
         except (psycopg.OperationalError, sqlalchemy.exc.OperationalError) as exc:
             first = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
@@ -162,7 +168,9 @@ def run(
 @app.command()
 @friendly
 def migrate(
-    sql: Annotated[bool, typer.Option("--sql", help="Print the SQL instead of running it.")] = False,
+    sql: Annotated[
+        bool, typer.Option("--sql", help="Print the SQL instead of running it.")
+    ] = False,
 ) -> None:
     """Create or upgrade the `worker` schema (Alembic `upgrade head`).
 
@@ -199,7 +207,11 @@ def enqueue(
     from worker.client import JobError
 
     job = client().enqueue(
-        task, parse_json(payload, "--payload"), queue=queue, priority=priority, delay=delay,
+        task,
+        parse_json(payload, "--payload"),
+        queue=queue,
+        priority=priority,
+        delay=delay,
         max_retries=max_retries,
     )
     out.print(job.job_id, highlight=False)
@@ -208,8 +220,9 @@ def enqueue(
     try:
         result = job.wait_sync(timeout=timeout)
     except JobError as exc:
-        raise fail(f"job {job.status}: {(job.error or '').splitlines()[0] if job.error else ''}")\
-            from exc
+        raise fail(
+            f"job {job.status}: {(job.error or '').splitlines()[0] if job.error else ''}"
+        ) from exc
     if not job.status.is_terminal:
         raise fail(f"timed out; the job is {job.status}")
     out.print_json(json.dumps(result))
@@ -272,8 +285,17 @@ def show(
         out.print_json(json.dumps(data, default=str))
         return
     table = Table(show_header=False, box=None)
-    for name in ("job_id", "task", "queue", "status", "priority", "retry_count", "created_at",
-                 "started_at", "finished_at"):
+    for name in (
+        "job_id",
+        "task",
+        "queue",
+        "status",
+        "priority",
+        "retry_count",
+        "created_at",
+        "started_at",
+        "finished_at",
+    ):
         table.add_row(name, str(getattr(job, name)))
     table.add_row("payload", json.dumps(job.payload))
     if job.result is not None:

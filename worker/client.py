@@ -124,8 +124,15 @@ def _validated(spec: JobSpec, max_bytes: int) -> dict[str, Any]:
 
 
 def _many_params(rows: list[dict[str, Any]]) -> dict[str, list[Any]]:
-    keys = {"task": "tasks", "payload": "payloads", "queue": "queues", "priority": "priorities",
-            "run_at": "run_ats", "delay": "delays", "max_retries": "max_retries"}
+    keys = {
+        "task": "tasks",
+        "payload": "payloads",
+        "queue": "queues",
+        "priority": "priorities",
+        "run_at": "run_ats",
+        "delay": "delays",
+        "max_retries": "max_retries",
+    }
     return {plural: [r[key] for r in rows] for key, plural in keys.items()}
 
 
@@ -251,17 +258,55 @@ async def _until_note(conn: psycopg.AsyncConnection[Any], job_id: str) -> None:
 
 
 def _job_from_row(row: Any, stages: Sequence[Any], client: Client | AsyncClient) -> Job:
-    (job_id, queue, task, payload, status, priority, run_at, retry_count, max_retries, result,
-     error, created_at, started_at, finished_at, _worker, cancel_requested, question,
-     answer) = row
+    (
+        job_id,
+        queue,
+        task,
+        payload,
+        status,
+        priority,
+        run_at,
+        retry_count,
+        max_retries,
+        result,
+        error,
+        created_at,
+        started_at,
+        finished_at,
+        _worker,
+        cancel_requested,
+        question,
+        answer,
+    ) = row
     return Job(
-        job_id=str(job_id), task=task, status=JobStatus(status), queue=queue, payload=payload,
-        result=result, error=error, retry_count=retry_count, max_retries=max_retries,
-        priority=priority, question=question, answer=answer, cancel_requested=cancel_requested,
-        created_at=created_at, started_at=started_at, finished_at=finished_at, run_at=run_at,
+        job_id=str(job_id),
+        task=task,
+        status=JobStatus(status),
+        queue=queue,
+        payload=payload,
+        result=result,
+        error=error,
+        retry_count=retry_count,
+        max_retries=max_retries,
+        priority=priority,
+        question=question,
+        answer=answer,
+        cancel_requested=cancel_requested,
+        created_at=created_at,
+        started_at=started_at,
+        finished_at=finished_at,
+        run_at=run_at,
         stages=[
-            {"stage": s[0], "kind": s[1], "status": s[2], "output": s[3], "error": s[4],
-             "attempt": s[5], "started_at": s[6], "finished_at": s[7]}
+            {
+                "stage": s[0],
+                "kind": s[1],
+                "status": s[2],
+                "output": s[3],
+                "error": s[4],
+                "attempt": s[5],
+                "started_at": s[6],
+                "finished_at": s[7],
+            }
             for s in stages
         ],
         client=client,
@@ -328,16 +373,33 @@ class Client:
         connection: SyncTarget = None,
     ) -> Job:
         params = _validated(
-            JobSpec(task, {} if payload is None else payload, queue, priority, delay, run_at,
-                    max_retries),
+            JobSpec(
+                task,
+                {} if payload is None else payload,
+                queue,
+                priority,
+                delay,
+                run_at,
+                max_retries,
+            ),
             self.max_payload_bytes,
         )
         (row,) = self._execute(sql.ENQUEUE, params, connection)
-        return Job(job_id=str(row[0]), task=task, queue=queue, payload=payload or {},
-                   priority=priority, max_retries=max_retries, client=self)
+        return Job(
+            job_id=str(row[0]),
+            task=task,
+            queue=queue,
+            payload=payload or {},
+            priority=priority,
+            max_retries=max_retries,
+            client=self,
+        )
 
     def enqueue_many(
-        self, jobs: Iterable[JobSpec | tuple[str, dict[str, JSON]]], *, connection: SyncTarget = None
+        self,
+        jobs: Iterable[JobSpec | tuple[str, dict[str, JSON]]],
+        *,
+        connection: SyncTarget = None,
     ) -> list[Job]:
         """Insert many jobs in one statement; all are validated first, none written if one
         is bad. Idle workers are woken once."""
@@ -445,16 +507,32 @@ class AsyncClient:
         connection: AsyncTarget = None,
     ) -> Job:
         params = _validated(
-            JobSpec(task, {} if payload is None else payload, queue, priority, delay, run_at,
-                    max_retries),
+            JobSpec(
+                task,
+                {} if payload is None else payload,
+                queue,
+                priority,
+                delay,
+                run_at,
+                max_retries,
+            ),
             self.max_payload_bytes,
         )
         (row,) = await self._execute(sql.ENQUEUE, params, connection)
-        return Job(job_id=str(row[0]), task=task, queue=queue, payload=payload or {},
-                   priority=priority, max_retries=max_retries, client=self)
+        return Job(
+            job_id=str(row[0]),
+            task=task,
+            queue=queue,
+            payload=payload or {},
+            priority=priority,
+            max_retries=max_retries,
+            client=self,
+        )
 
     async def enqueue_many(
-        self, jobs: Iterable[JobSpec | tuple[str, dict[str, JSON]]], *,
+        self,
+        jobs: Iterable[JobSpec | tuple[str, dict[str, JSON]]],
+        *,
         connection: AsyncTarget = None,
     ) -> list[Job]:
         specs = [j if isinstance(j, JobSpec) else JobSpec(*j) for j in jobs]
@@ -529,7 +607,9 @@ def enqueue(task: str, payload: dict[str, JSON] | None = None, **options: Any) -
     return default_client().enqueue(task, payload, **options)
 
 
-def enqueue_many(jobs: Iterable[JobSpec | tuple[str, dict[str, JSON]]], **options: Any) -> list[Job]:
+def enqueue_many(
+    jobs: Iterable[JobSpec | tuple[str, dict[str, JSON]]], **options: Any
+) -> list[Job]:
     """Enqueue many jobs in one round trip with the default client."""
     return default_client().enqueue_many(jobs, **options)
 
@@ -553,6 +633,3 @@ def cleanup_jobs(
 ) -> int:
     """Delete finished jobs older than `older_than` ("7d", "12h", seconds or a timedelta)."""
     return default_client().cleanup_jobs(older_than, statuses)
-
-
-
