@@ -1,7 +1,8 @@
 """Tasks the test suite runs in real worker processes.
 
-Side effects go to the `effects` table of the job's own database, so a test can count how
-many times each job really ran, across processes and crashes.
+Side effects go to the `effects` table of the job's own database (created with every test
+database, see conftest.py), so a test can count how many times each job really ran, across
+processes and crashes.
 """
 
 from __future__ import annotations
@@ -22,9 +23,6 @@ def _conn() -> psycopg.Connection[Any]:
     conn = getattr(_local, "conn", None)
     if conn is None or conn.closed:
         conn = psycopg.connect(os.environ["DATABASE_URL"], autocommit=True)
-        conn.execute(
-            "CREATE TABLE IF NOT EXISTS effects (job text, kind text, at timestamptz DEFAULT now())"
-        )
         _local.conn = conn
     return conn
 

@@ -1,0 +1,88 @@
+"""Several worker processes, clean stops and dead workers."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+from conftest import Processes, query, wait_for
+
+from worker import Client, JobSpec
+
+
+def counts(url: str) -> dict[str, int]:
+    return dict(query(url, "SELECT status, count(*) FROM worker.jobs GROUP BY status"))  # type: ignore[arg-type]
+
+
+def test_four_workers_complete_every_job_exactly_once(env, database_url, processes: Processes):
+    jobs = [JobSpec("effect", {"key": str(i)}) for i in range(2000)]
+    Client(database_url).enqueue_many(jobs)
+    for _ in range(4):
+        processes.worker(env, "testtasks")
+    wait_for(lambda: counts(database_url) == {"completed": 2000}, timeout=180,
+             message="2,000 jobs completed")
+    runs = query(database_url, "SELECT job, count(*) FROM effects GROUP BY job")
+    assert len(runs) == 2000
+    assert {n for _, n in runs} == {1}
+    workers_used = query(database_url, "SELECT count(DISTINCT worker_id) FROM worker.jobs")
+    assert workers_used[0][0] >= 2
+
+
+def test_sigterm_lets_running_jobs_finish_and_leaves_nothing_processing(env, database_url,
+                                                                        processes):
+    client = Client(database_url)
+    jobs = [client.enqueue("effect", {"key": str(i), "sleep": 1.5}) for i in range(4)]
+    proc = processes.worker(env, "testtasks")
+    wait_for(lambda: counts(database_url).get("processing") == 4, message="4 jobs running")
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 0
+    assert counts(database_url) == {"completed": 4}
+    assert all(j.refresh().retry_count == 0 for j in jobs)
+    assert query(database_url, "SELECT count(*) FROM worker.workers") == [(0,)]
+
+
+def test_sigterm_hands_back_jobs_that_outlive_the_grace_period(env, database_url, processes):
+    client = Client(database_url)
+    for i in range(3):
+        client.enqueue("effect", {"key": str(i), "sleep": 30})
+    proc = processes.worker(env, "testtasks", extra={"WORKER_SHUTDOWN_GRACE": "1"})
+    wait_for(lambda: counts(database_url).get("processing") == 3, message="3 jobs running")
+    started = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 0
+    assert time.monotonic() - started < 15
+    rows = query(database_url, "SELECT status, retry_count, worker_id IS NULL FROM worker.jobs")
+    assert {r[0] for r in rows} == {"pending"}
+    assert {r[1] for r in rows} == {0}  # a clean stop does not count an attempt
+    assert "handing them back" in processes.log(proc)
+
+
+def test_killed_workers_jobs_are_finished_by_another_worker_within_the_lease(
+    env, database_url, processes
+):
+    client = Client(database_url)
+    jobs = [client.enqueue("effect", {"key": str(i), "sleep": 6}) for i in range(3)]
+    victim = processes.worker(env, "testtasks")
+    wait_for(lambda: counts(database_url).get("processing") == 3, message="3 jobs running")
+    survivor = processes.worker(env, "testtasks")
+    time.sleep(4)  # the survivor must itself have been healthy for a lease before it judges
+    os.killpg(victim.pid, signal.SIGKILL)
+    killed_at = time.monotonic()
+    wait_for(lambda: counts(database_url) == {"completed": 3}, timeout=60,
+             message="the dead worker's jobs completed by the survivor")
+    # Lease 3 s (the `env` fixture), a rescue check every lease/4, then the 6 s job again.
+    assert time.monotonic() - killed_at < 25
+    assert [j.refresh().retry_count for j in jobs] == [1, 1, 1]
+    assert query(database_url, "SELECT count(*) FROM effects") == [(3,)]  # killed mid-sleep
+    assert "rescued" in processes.log(survivor)
+
+
+def test_a_live_worker_keeps_its_long_job(env, database_url, processes):
+    job = Client(database_url).enqueue("effect", {"key": "long", "sleep": 9})
+    processes.worker(env, "testtasks")
+    wait_for(lambda: counts(database_url).get("processing") == 1, message="job running")
+    processes.worker(env, "testtasks")  # a second worker that could rescue, but must not
+    assert job.wait_sync(timeout=60) == "done"
+    assert job.retry_count == 0
+    assert query(database_url, "SELECT count(*) FROM effects") == [(1,)]
