@@ -340,6 +340,28 @@ def demo(
     run_demo(settings(), quick_jobs=jobs)
 
 
+@app.command()
+@friendly
+def api(
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=1, max=65535, help="Port to listen on.")] = 8000,
+) -> None:
+    """Serve the HTTP edge: REST, live job events (SSE) and the dashboard at /.
+
+    Without WORKER_API_TOKEN it serves on a loopback address only.
+
+    Example: WORKER_API_TOKEN=s3cret worker api --host 0.0.0.0 --port 8000
+    """
+    from worker.api import check_bind, serve
+
+    s = settings()
+    check_bind(host, s.api_token)
+    database = url()
+    if not s.database_url:
+        ensure_schema(database, migrate=True)
+    serve(database, host=host, port=port, token=s.api_token, log_level=s.log_level)
+
+
 @db_app.command("start")
 @friendly
 def db_start() -> None:

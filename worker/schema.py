@@ -78,6 +78,10 @@ jobs = Table(
         postgresql_where=text("status = 'pending'"),
     ),
     Index("jobs_processing_idx", "worker_id", postgresql_where=text("status = 'processing'")),
+    # Few rows each (migration 0002): the admin views and `worker jobs` read paused and failed
+    # jobs without touching the completed ones.
+    Index("jobs_paused_idx", "queue", postgresql_where=text("status = 'paused'")),
+    Index("jobs_failed_idx", "finished_at", postgresql_where=text("status = 'failed'")),
     Index(
         "jobs_finished_idx",
         "finished_at",

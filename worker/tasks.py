@@ -30,12 +30,26 @@ class JobCancelled(Exception):
     """Raised inside a job (by `Context.raise_if_cancelled`) when a cancel was requested."""
 
 
+MAX_SNOOZE_SECONDS = 365 * 86400.0  # a longer snooze is a bug; the timestamp would overflow
+
+
 class Snooze(Exception):
     """Raised by `Context.snooze`: run this job again after `seconds`, without a retry."""
 
     def __init__(self, seconds: float) -> None:
+        # Checked here, not in the database: a bad value must fail this job, not the batch
+        # of outcomes it is written with.
+        if (
+            isinstance(seconds, bool)
+            or not isinstance(seconds, int | float)
+            or not 0 <= seconds <= MAX_SNOOZE_SECONDS
+        ):
+            raise ValueError(
+                f"snooze seconds must be a number from 0 to {MAX_SNOOZE_SECONDS:.0f}, "
+                f"not {seconds!r}"
+            )
         super().__init__(f"snoozed for {seconds} s")
-        self.seconds = seconds
+        self.seconds = float(seconds)
 
 
 class PauseForResolution(Exception):
@@ -45,6 +59,12 @@ class PauseForResolution(Exception):
     """
 
     def __init__(self, question: JSON) -> None:
+        # Checked here: the question is stored as JSON, and a bad one must fail the stage that
+        # asked it with a clear error, not the worker recording it.
+        try:
+            dumps(question)
+        except TypeError as exc:
+            raise TypeError(f"the pause question is {exc}") from None
         super().__init__(str(question))
         self.question = question
 

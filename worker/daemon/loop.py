@@ -272,15 +272,15 @@ class Worker:
                 self._start(ClaimedJob(*row))
             if len(rows) == free:
                 delay = s.poll_min
-                continue
-            delay = next_poll_delay(delay, bool(rows), s.poll_min, s.poll_max) if rows else delay
+                continue  # there may be more: claim again as soon as a slot frees
+            if rows:
+                delay = s.poll_min
             log.debug("idle: next poll in %.3f s", delay)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._notified.wait(), delay)
-            if not rows and not self._notified.is_set():
-                delay = next_poll_delay(delay, False, s.poll_min, s.poll_max)
-            elif self._notified.is_set():
-                delay = s.poll_min
+            delay = next_poll_delay(
+                delay, bool(rows) or self._notified.is_set(), s.poll_min, s.poll_max
+            )
 
     def _start(self, job: ClaimedJob) -> None:
         key = str(job.id)

@@ -134,32 +134,40 @@ RETURNING id, pg_notify('worker_jobs', queue) IS NULL AS _
 
 # -- operator actions ---------------------------------------------------------------------
 
-# Safe: the row lock orders this against a claim. A job that never started is cancelled at
-# once; a running one (or one whose stages ran and may owe a cleanup) gets a request that a
-# worker honours at the next stage boundary, running the ALL_DONE cleanup first.
+# Safe: the row lock orders this against a claim and an outcome. A job that is not running
+# and owes no ALL_DONE cleanup is cancelled at once. A running job only gets the request (a
+# worker honours it at the next stage boundary, then runs the cleanup). A waiting job whose
+# stages ran without their cleanup (paused, snoozed, rescued) goes back to a worker at once,
+# which runs only that cleanup and settles it cancelled. "Owes" mirrors
+# `Pipeline._unclean_attempt`: a stage row newer than the oldest finished cleanup.
 CANCEL = """
 WITH target AS (
     SELECT j.id, j.status,
-           EXISTS (SELECT 1 FROM worker.job_stages AS s WHERE s.job_id = j.id) AS has_stages
+           EXISTS (
+               SELECT 1 FROM worker.job_stages AS s
+               WHERE s.job_id = j.id AND s.kind = 'stage' AND s.attempt > coalesce(
+                   (SELECT min(CASE WHEN c.status = 'running' THEN 0 ELSE c.attempt END)
+                    FROM worker.job_stages AS c WHERE c.job_id = j.id AND c.kind = 'cleanup'),
+                   0)
+           ) AS owes_cleanup
     FROM worker.jobs AS j WHERE j.id = %(id)s FOR UPDATE
 ), changed AS (
     UPDATE worker.jobs AS j SET
-        status = CASE WHEN t.status IN ('pending', 'paused') AND NOT t.has_stages
-                      THEN 'cancelled'
-                      WHEN t.status = 'paused' THEN 'pending'
-                      ELSE j.status END,
-        finished_at = CASE WHEN t.status IN ('pending', 'paused') AND NOT t.has_stages
+        status = CASE WHEN t.status = 'processing' THEN j.status
+                      WHEN t.owes_cleanup THEN 'pending'
+                      ELSE 'cancelled' END,
+        finished_at = CASE WHEN t.status <> 'processing' AND NOT t.owes_cleanup
                            THEN now() ELSE j.finished_at END,
-        run_at = CASE WHEN t.status IN ('pending', 'paused') THEN now() ELSE j.run_at END,
+        run_at = CASE WHEN t.status <> 'processing' THEN now() ELSE j.run_at END,
         cancel_requested = true
     FROM target AS t
     WHERE j.id = t.id AND t.status IN ('pending', 'paused', 'processing')
     RETURNING j.id, j.status, j.queue
 )
 SELECT (SELECT status FROM target) AS before, c.status AS after,
-       pg_notify(CASE WHEN c.status = 'cancelled' THEN 'worker_done' ELSE 'worker_cancel' END,
-                 c.id::text) IS NULL AS _,
-       pg_notify('worker_jobs', c.queue) IS NULL AS __
+       CASE c.status WHEN 'cancelled' THEN pg_notify('worker_done', c.id::text)
+                     WHEN 'processing' THEN pg_notify('worker_cancel', c.id::text)
+                     WHEN 'pending' THEN pg_notify('worker_jobs', c.queue) END IS NULL AS _
 FROM (SELECT 1) AS one LEFT JOIN changed AS c ON true
 """
 
@@ -171,11 +179,19 @@ RETURNING id, pg_notify('worker_jobs', queue) IS NULL AS _
 """
 
 # A failed or cancelled job runs again from its first unfinished stage, with fresh retries.
+# Its stage rows are renumbered to attempt 0 in the same statement, because attempts count
+# from 1 again and the stage runner tells an owed cleanup by attempt number (nothing is owed
+# here: a job only becomes failed or cancelled once its cleanup ran).
 RETRY = """
-UPDATE worker.jobs SET status = 'pending', retry_count = 0, run_at = now(), finished_at = NULL,
-       cancel_requested = false, error = NULL
-WHERE id = %(id)s AND status IN ('failed', 'cancelled')
-RETURNING id, pg_notify('worker_jobs', queue) IS NULL AS _
+WITH job AS (
+    UPDATE worker.jobs SET status = 'pending', retry_count = 0, run_at = now(),
+           finished_at = NULL, cancel_requested = false, error = NULL
+    WHERE id = %(id)s AND status IN ('failed', 'cancelled')
+    RETURNING id, queue
+), renumbered AS (
+    UPDATE worker.job_stages AS s SET attempt = 0 FROM job WHERE s.job_id = job.id
+)
+SELECT id, pg_notify('worker_jobs', queue) IS NULL AS _ FROM job
 """
 
 JOB_STATUS = "SELECT status FROM worker.jobs WHERE id = %(id)s"
@@ -207,14 +223,14 @@ DELETE FROM worker.jobs AS j USING doomed WHERE j.id = doomed.id
 # -- stages -------------------------------------------------------------------------------
 
 # A stage row is keyed by (job, stage); a snoozed stage keeps its first start, so a deadline
-# counts from when the stage first ran.
+# counts from when the stage first ran (a pause is not counted: a human may take days).
 STAGE_STARTED = """
 INSERT INTO worker.job_stages (job_id, stage, kind, status, attempt)
 VALUES (%(job_id)s, %(stage)s, %(kind)s, 'running', %(attempt)s)
 ON CONFLICT (job_id, stage) DO UPDATE SET
     status = 'running', attempt = EXCLUDED.attempt, output = NULL, error = NULL,
     finished_at = NULL,
-    started_at = CASE WHEN worker.job_stages.status IN ('snoozed', 'paused')
+    started_at = CASE WHEN worker.job_stages.status = 'snoozed'
                       THEN worker.job_stages.started_at ELSE now() END
 RETURNING extract(epoch FROM now() - started_at) AS age
 """
@@ -229,11 +245,21 @@ WHERE job_id = %(job_id)s AND stage = %(stage)s
 
 # -- progress events ----------------------------------------------------------------------
 
+# Safe: the per-job advisory locks (taken in hash order, so two writers cannot deadlock) are
+# all held before the first id is drawn and until commit, so two workers writing events of one
+# job (a rescued job whose old worker still runs) commit them in id order: a reader resuming
+# after id N never misses a later-committed event with a smaller id. One NOTIFY per job.
 PUBLISH_EVENTS = """
-WITH ins AS (
+WITH locked AS (
+    SELECT count(pg_advisory_xact_lock(2003138164, h)) AS n
+    FROM (SELECT DISTINCT hashtext(j::text) AS h FROM unnest(%(job_ids)s::uuid[]) AS j
+          ORDER BY h) AS d
+), ins AS (
     INSERT INTO worker.job_events (job_id, step, status, message, created_at)
-    SELECT * FROM unnest(%(job_ids)s::uuid[], %(steps)s::text[], %(statuses)s::text[],
-                         %(messages)s::jsonb[], %(created)s::timestamptz[])
+    SELECT e.* FROM locked,
+        unnest(%(job_ids)s::uuid[], %(steps)s::text[], %(statuses)s::text[],
+               %(messages)s::jsonb[], %(created)s::timestamptz[])
+        AS e(job_id, step, status, message, created_at)
     RETURNING job_id
 )
 SELECT pg_notify('worker_events', job_id::text) FROM (SELECT DISTINCT job_id FROM ins) AS d
@@ -243,3 +269,32 @@ READ_EVENTS = """
 SELECT id, job_id, step, status, message, created_at FROM worker.job_events
 WHERE job_id = %(job_id)s AND id > %(after)s ORDER BY id LIMIT %(limit)s
 """
+
+# -- the HTTP edge (read-only) ------------------------------------------------------------
+
+# Read-only, so nothing to race: keyset pagination on (created_at, id), newest first, so rows
+# inserted meanwhile never shift a page and a deep page costs what the first one does.
+LIST_JOBS = """
+SELECT id, queue, task, status, priority, retry_count, split_part(error, E'\\n', 1) AS error,
+       created_at, started_at, finished_at, run_at
+FROM worker.jobs
+WHERE (%(status)s::text IS NULL OR status = %(status)s::text)
+  AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+  AND (%(task)s::text IS NULL OR task = %(task)s::text)
+  AND (%(before_at)s::timestamptz IS NULL
+       OR (created_at, id) < (%(before_at)s::timestamptz, %(before_id)s::uuid))
+ORDER BY created_at DESC, id DESC
+LIMIT %(limit)s
+"""
+
+# Read-only: counts per queue and status; the pending age counts from when a job became due
+# (`run_at`), so a job delayed on purpose is not reported as waiting.
+JOB_STATS = """
+SELECT queue, status, count(*) AS jobs,
+       extract(epoch FROM now() - min(run_at) FILTER (WHERE status = 'pending'
+                                                      AND run_at <= now())) AS oldest_pending
+FROM worker.jobs GROUP BY queue, status ORDER BY queue, status
+"""
+
+# The health check: the database answers and holds the worker schema.
+HEALTH = "SELECT to_regclass('worker.jobs') IS NOT NULL AS has_schema"

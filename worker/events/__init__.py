@@ -8,7 +8,7 @@ slow bus must not slow or fail a job.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Protocol
 
 from worker.events.memory import MemoryBus
@@ -23,7 +23,7 @@ class ProgressBus(Protocol):
     async def history(self, job_id: str, after: int = 0) -> list[ProgressEvent]:
         """Events of a job with an id greater than `after`, oldest first."""
 
-    def follow(self, job_id: str, after: int = 0) -> AsyncIterator[ProgressEvent]:
+    def follow(self, job_id: str, after: int = 0) -> AsyncGenerator[ProgressEvent, None]:
         """Past events after `after`, then new ones as they are published (never ends)."""
 
     async def start(self) -> None: ...

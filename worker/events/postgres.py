@@ -1,61 +1,167 @@
 """The PostgreSQL progress bus: events in `worker.job_events`, readers woken by NOTIFY.
 
-Publishing appends to a bounded in-process buffer; a background task writes the buffer in one
-statement every few milliseconds (one NOTIFY per job per flush). If the database is slow or
-away, the buffer keeps the newest events and drops the oldest beyond its bound, counting them:
-progress is best-effort, the job's own state is not.
+Publishing appends to a bounded in-process buffer and returns; a background task writes the
+buffer in one statement every few milliseconds (one NOTIFY per job per flush). What this bus
+promises, and what it does not:
+
+- Ids are the table's sequence. Writers of one job's events are serialised (see
+  `sql.PUBLISH_EVENTS`), so within a job a later-visible event always has a greater id: a
+  reader that resumes after id N misses nothing.
+- `publish` never blocks and never raises. If the database is slow or away, the buffer keeps
+  the newest events and drops the oldest beyond its bound, counting them in `dropped`;
+  progress is best-effort, the job's own state is not. An event the database refuses (its job
+  was deleted meanwhile) is dropped on its own without holding up the others.
+- Retention needs no work here: events go with their job (`ON DELETE CASCADE`).
+
+    bus = PostgresBus(url)
+    await bus.start()
+    bus.publish(ProgressEvent(job_id=job_id, step="load", status="progress",
+                              message={"pct": 40}))
+    async for event in bus.follow(job_id):      # in another process, or on another machine
+        print(event.id, event.step, event.status, event.message)
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import logging
+import re
 import threading
+import time
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
 
 import psycopg
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from worker.db import sql
 from worker.models import ProgressEvent
 
 log = logging.getLogger("worker.events")
 
+CHANNEL = "worker_events"
+READ_LIMIT = 1000
+# A follower re-reads at least this often, so a NOTIFY lost during a reconnect costs at most
+# this much delay, never an event.
+FOLLOW_RECHECK_SECONDS = 1.0
+# Transient: the database is away or the network dropped; the batch is kept and retried.
+_TRANSIENT = (psycopg.OperationalError, psycopg.InterfaceError, PoolTimeout, OSError)
+# The database refused some row (a job deleted meanwhile, a value it cannot store).
+_REFUSED = (psycopg.IntegrityError, psycopg.DataError)
+# `\u0000` escapes not preceded by an escaped backslash: jsonb cannot store NUL.
+_NUL = re.compile(r"(?<!\\)((?:\\\\)*)\\u0000")
+
+
+@dataclass(frozen=True)
+class _Pending:
+    seq: int  # publish order in this process: what a flush has written is forgotten by it
+    job_id: str
+    step: str
+    status: str
+    message: str | None  # JSON text, fixed at publish time
+    created_at: datetime
+
+
+def message_json(message: dict[str, Any] | None) -> str | None:
+    """A message as JSON text PostgreSQL accepts; never raises.
+
+    Values JSON cannot hold become their `repr`, and NaN or NUL characters are replaced, so a
+    careless `ctx.progress(obj=...)` still reports something instead of failing.
+
+    >>> message_json({"pct": 50, "when": object})
+    '{"pct": 50, "when": "<class \\'object\\'>"}'
+    """
+    if message is None:
+        return None
+    try:
+        text = json.dumps(message, default=repr, allow_nan=False)
+    except (ValueError, TypeError, RecursionError):
+        try:
+            text = json.dumps(_finite(message), default=repr, allow_nan=False)
+        except (ValueError, TypeError, RecursionError) as exc:
+            text = json.dumps({"unstorable_message": f"{type(exc).__name__}: {exc}"[:500]})
+    return _NUL.sub(r"\1\\ufffd", text)
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and (value != value or abs(value) == float("inf")):
+        return repr(value)
+    if isinstance(value, dict):
+        return {str(k): _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
+
 
 class PostgresBus:
-    def __init__(self, url: str, *, max_buffer: int = 100_000, flush_interval: float = 0.05):
+    """The bus shared by every process on one database (the default with `worker run`)."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        max_buffer: int = 100_000,
+        flush_interval: float = 0.05,
+        read_pool_size: int = 4,
+    ) -> None:
         self.url = url
         self.dropped = 0
-        self._buffer: deque[ProgressEvent] = deque()
+        self._buffer: deque[_Pending] = deque()
+        self._seq = itertools.count()
         self._max_buffer = max_buffer
         self._lock = threading.Lock()
         self._interval = flush_interval
         self._wake: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._flusher: asyncio.Task[None] | None = None
-        self._conn: psycopg.AsyncConnection | None = None  # type: ignore[type-arg]
+        self._conn: psycopg.AsyncConnection[Any] | None = None
+        self._pool: AsyncConnectionPool[Any] | None = None
+        self._pool_size = read_pool_size
         self._listener: asyncio.Task[None] | None = None
         self._followers: dict[str, set[asyncio.Event]] = {}
         self._closing = False
+        self._overflow_logged = 0.0
 
     # -- publishing -------------------------------------------------------------------------
 
     def publish(self, event: ProgressEvent) -> None:
+        """Queue the event for the next flush; thread-safe, never blocks, never raises."""
+        try:
+            message = message_json(event.message)
+        except Exception:  # a broken event must not fail the job that published it
+            log.exception("progress event of job %s not publishable", event.job_id)
+            return
         with self._lock:
-            self._buffer.append(event)
-            if len(self._buffer) > self._max_buffer:
+            pending = _Pending(
+                next(self._seq), event.job_id, event.step, event.status, message, event.created_at
+            )
+            self._buffer.append(pending)
+            overflow = len(self._buffer) > self._max_buffer
+            if overflow:
                 self._buffer.popleft()
                 self.dropped += 1
             big = len(self._buffer) >= 500
+        if overflow and time.monotonic() - self._overflow_logged > 10:
+            self._overflow_logged = time.monotonic()
+            log.warning(
+                "progress events are published faster than they can be written; "
+                "dropping the oldest (%d dropped so far)",
+                self.dropped,
+            )
         if big and self._loop is not None and self._wake is not None:
-            with contextlib.suppress(RuntimeError):
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nothing to wake
                 self._loop.call_soon_threadsafe(self._wake.set)
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
+        self._closing = False
         self._flusher = asyncio.create_task(self._flush_forever(), name="events-flush")
 
     async def _flush_forever(self) -> None:
@@ -68,50 +174,96 @@ class PostgresBus:
             try:
                 await self.flush()
                 backoff = 0.1
-            except (psycopg.Error, OSError) as exc:
-                log.warning("progress events not written yet (%s); retrying", type(exc).__name__)
+            except Exception as exc:  # the flusher must outlive any one failure
+                if self._conn is not None:
+                    with contextlib.suppress(Exception):
+                        await self._conn.close()
+                    self._conn = None
+                level = logging.DEBUG if backoff > 0.1 else logging.WARNING
+                log.log(
+                    level,
+                    "progress events not written yet (%s: %s); retrying",
+                    type(exc).__name__,
+                    str(exc).strip().splitlines()[0] if str(exc).strip() else "",
+                )
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
             if self._closing and not self._buffer:
                 return
 
     async def flush(self) -> None:
+        """Write what is buffered now. A failed write keeps the batch for the next try."""
         with self._lock:
             batch = list(self._buffer)
         if not batch:
             return
         if self._conn is None or self._conn.closed:
-            self._conn = await psycopg.AsyncConnection.connect(self.url, autocommit=True)
-        await self._conn.execute(
+            self._conn = await psycopg.AsyncConnection.connect(
+                self.url, autocommit=True, connect_timeout=10
+            )
+        try:
+            await self._write(self._conn, batch)
+        except _REFUSED:
+            # One bad row must not hold back the rest: write them one by one, drop the refused.
+            for item in batch:
+                try:
+                    await self._write(self._conn, [item])
+                except _REFUSED as exc:
+                    with self._lock:
+                        self.dropped += 1
+                    log.warning(
+                        "progress event of job %s dropped: %s",
+                        item.job_id,
+                        str(exc).strip().splitlines()[0],
+                    )
+                self._forget_through(item.seq)
+        else:
+            self._forget_through(batch[-1].seq)
+
+    def _forget_through(self, seq: int) -> None:
+        # By sequence number, not count: an overflow may have dropped some of the batch meanwhile.
+        with self._lock:
+            while self._buffer and self._buffer[0].seq <= seq:
+                self._buffer.popleft()
+
+    @staticmethod
+    async def _write(conn: psycopg.AsyncConnection[Any], batch: list[_Pending]) -> None:
+        await conn.execute(
             sql.PUBLISH_EVENTS,
             {
                 "job_ids": [e.job_id for e in batch],
                 "steps": [e.step for e in batch],
                 "statuses": [e.status for e in batch],
-                "messages": [
-                    json.dumps(e.message) if e.message is not None else None for e in batch
-                ],
+                "messages": [e.message for e in batch],
                 "created": [e.created_at for e in batch],
             },
         )
-        with self._lock:
-            # Only now forget them: a failed write keeps the batch for the next try.
-            for _ in range(min(len(batch), len(self._buffer))):
-                self._buffer.popleft()
 
     # -- reading ----------------------------------------------------------------------------
 
-    async def history(self, job_id: str, after: int = 0) -> list[ProgressEvent]:
-        async with await psycopg.AsyncConnection.connect(self.url, autocommit=True) as conn:
-            return await self._read(conn, job_id, after)
+    async def _reader(self) -> AsyncConnectionPool[Any]:
+        if self._pool is None:
+            self._pool = AsyncConnectionPool(
+                self.url,
+                min_size=1,
+                max_size=self._pool_size,
+                kwargs={"autocommit": True, "connect_timeout": 10},
+                open=False,
+                timeout=10.0,
+                reconnect_timeout=float("inf"),
+                name="worker-events",
+            )
+            await self._pool.open(wait=False)
+        return self._pool
 
-    @staticmethod
-    async def _read(
-        conn: psycopg.AsyncConnection,  # type: ignore[type-arg]
-        job_id: str,
-        after: int,
-    ) -> list[ProgressEvent]:
-        cur = await conn.execute(sql.READ_EVENTS, {"job_id": job_id, "after": after, "limit": 1000})
+    async def history(self, job_id: str, after: int = 0) -> list[ProgressEvent]:
+        """Up to 1000 events of the job with an id greater than `after`, oldest first."""
+        pool = await self._reader()
+        async with pool.connection() as conn:
+            cur = await conn.execute(
+                sql.READ_EVENTS, {"job_id": job_id, "after": after, "limit": READ_LIMIT}
+            )
+            rows = await cur.fetchall()
         return [
             ProgressEvent(
                 id=row[0],
@@ -121,57 +273,77 @@ class PostgresBus:
                 message=row[4],
                 created_at=row[5],
             )
-            for row in await cur.fetchall()
+            for row in rows
         ]
 
-    async def follow(self, job_id: str, after: int = 0) -> AsyncIterator[ProgressEvent]:
-        """One shared LISTEN connection per bus wakes every follower of the job."""
-        await self._ensure_listener()
+    async def follow(self, job_id: str, after: int = 0) -> AsyncGenerator[ProgressEvent, None]:
+        """Past events after `after`, then new ones as they are written; never ends.
+
+        One shared LISTEN connection per bus wakes the followers of a job; the reads use a
+        small pool, so a hundred followers do not hold a hundred connections. Database errors
+        propagate: a caller resumes with the last id it saw.
+        """
+        self._ensure_listener()
         flag = asyncio.Event()
         self._followers.setdefault(job_id, set()).add(flag)
         try:
-            async with await psycopg.AsyncConnection.connect(self.url, autocommit=True) as conn:
-                while True:
-                    flag.clear()
-                    events = await self._read(conn, job_id, after)
-                    for event in events:
-                        after = event.id
-                        yield event
-                    if len(events) < 1000:
-                        # A missed NOTIFY (a reconnect) costs at most a second of delay.
-                        with contextlib.suppress(TimeoutError):
-                            await asyncio.wait_for(flag.wait(), 1.0)
+            while True:
+                flag.clear()
+                events = await self.history(job_id, after)
+                for event in events:
+                    after = event.id
+                    yield event
+                if len(events) < READ_LIMIT:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(flag.wait(), FOLLOW_RECHECK_SECONDS)
         finally:
             followers = self._followers.get(job_id, set())
             followers.discard(flag)
             if not followers:
                 self._followers.pop(job_id, None)
 
-    async def _ensure_listener(self) -> None:
+    def _ensure_listener(self) -> None:
         if self._listener is None or self._listener.done():
             self._listener = asyncio.create_task(self._listen(), name="events-listen")
 
     async def _listen(self) -> None:
         while True:
             try:
-                async with await psycopg.AsyncConnection.connect(self.url, autocommit=True) as conn:
-                    await conn.execute("LISTEN worker_events")
+                async with await psycopg.AsyncConnection.connect(
+                    self.url, autocommit=True, connect_timeout=10
+                ) as conn:
+                    await conn.execute(f"LISTEN {CHANNEL}")
+                    # Anything written while nobody listened: every follower reads again.
+                    for flags in list(self._followers.values()):
+                        for flag in flags:
+                            flag.set()
                     async for note in conn.notifies():
                         for flag in self._followers.get(note.payload, ()):
                             flag.set()
-            except (psycopg.Error, OSError):
+            except _TRANSIENT:
                 await asyncio.sleep(1.0)
 
     async def aclose(self) -> None:
+        """Write what is buffered (for up to 5 s), then release the connections."""
         self._closing = True
         if self._flusher is not None and self._wake is not None:
             self._wake.set()
             with contextlib.suppress(TimeoutError, asyncio.CancelledError):
-                await asyncio.wait_for(self._flusher, 5.0)
+                await asyncio.wait_for(asyncio.shield(self._flusher), 5.0)
             self._flusher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._flusher
+            self._flusher = None
+        if self._buffer:
+            log.warning("%d progress events not written at shutdown", len(self._buffer))
         if self._listener is not None:
             self._listener.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._listener
+            self._listener = None
+        if self._pool is not None:
+            await self._pool.close()
+            self._pool = None
         if self._conn is not None:
             await self._conn.close()
+            self._conn = None

@@ -1,0 +1,1 @@
+"""Side-by-side benchmark of durable-worker and other PostgreSQL job queues (`python -m bench`)."""

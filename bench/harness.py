@@ -1,0 +1,547 @@
+"""The measuring harness: one method for every library (after `peer-bench/peers/METHOD.md`).
+
+Timing rules, identical for every library:
+  * every measurement starts from a freshly created database with the library's schema
+    installed through its own API, then ANALYZE + CHECKPOINT before the clock starts;
+  * enqueue: one client, one coroutine, timed from the first call to the last return (the
+    producer's connection or pool is opened before the clock starts);
+  * drain: N jobs bulk-loaded (untimed), worker process(es) spawned and imported before the
+    clock starts; the clock starts when the workers are told to go and stops when the database
+    shows every job finished;
+  * latency: one idle worker process; the parent enqueues LAT_N jobs, one call each, on a fixed
+    20 ms schedule; latency = job start (perf_counter in the worker) - the instant just before
+    the enqueue call (perf_counter in the parent: CLOCK_MONOTONIC is system-wide on Linux).
+Every measurement checks that each job ran exactly once (per-id execution counts collected from
+the workers) and that the library's own table agrees.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import math
+import multiprocessing as mp
+import os
+import tempfile
+import time
+import traceback
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+
+CONCURRENCY = 10
+BULK_BATCH = 1000
+LAT_N = 200
+LAT_GAP_S = 0.020
+DRAIN_TIMEOUT_S = 300.0
+
+
+def arun(coro: Awaitable[Any]) -> Any:
+    """asyncio.run, or uvloop.run when BENCH_UVLOOP=1 (the same loop for every library)."""
+    if os.environ.get("BENCH_UVLOOP") == "1":
+        import uvloop
+
+        return uvloop.run(coro)  # type: ignore[arg-type]
+    return asyncio.run(coro)  # type: ignore[arg-type]
+
+
+# -- databases -------------------------------------------------------------------------------
+
+
+class Server:
+    """Where the measurement databases are created: `admin` is a URL of the server's `postgres`
+    database; `dsn(db)` names another database on the same server."""
+
+    def __init__(self, admin: str) -> None:
+        self.admin = admin
+
+    def dsn(self, db: str) -> str:
+        base, _, tail = self.admin.rpartition("/")
+        query = tail.partition("?")[2]
+        return f"{base}/{db}" + (f"?{query}" if query else "")
+
+    def reset(self, db: str, template: str | None = None) -> None:
+        with psycopg.connect(self.admin, autocommit=True) as c:
+            c.execute(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
+            if template:
+                c.execute(f'CREATE DATABASE "{db}" TEMPLATE "{template}" STRATEGY FILE_COPY')
+            else:
+                c.execute(f'CREATE DATABASE "{db}"')
+
+    def drop(self, db: str) -> None:
+        with psycopg.connect(self.admin, autocommit=True) as c:
+            c.execute(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
+
+    def query(self, db: str, sql: str, params: Any = None) -> list[tuple[Any, ...]]:
+        with psycopg.connect(self.dsn(db), autocommit=True) as c:
+            cur = c.execute(sql, params)
+            return cur.fetchall() if cur.description else []
+
+    def scalar(self, db: str, sql: str) -> Any:
+        return self.query(db, sql)[0][0]
+
+    def settle(self, db: str) -> None:
+        """The same neutral housekeeping before every timed phase."""
+        self.query(db, "ANALYZE")
+        self.query(db, "CHECKPOINT")
+
+
+# -- adapters --------------------------------------------------------------------------------
+
+
+@dataclass
+class Adapter:
+    """What the harness needs from one library. The worker side lives in `module`, as
+    module-level `async start_worker(dsn, concurrency, variant)` / `async stop_worker(handle)`,
+    so that spawned processes can import it; the job must call `harness.on_job(i)` first."""
+
+    lib: str  # key, e.g. "pgqueuer"
+    label: str  # shown in the table, e.g. "PgQueuer 1.6.0"
+    config: str
+    module: str
+    install: Callable[[str], Awaitable[None]]  # (dsn) -> schema installed
+    open_producer: Callable[[str], Awaitable[Any]]  # -> enqueue(i), enqueue_many(ids), close()
+    single_note: str
+    bulk_note: str
+    count_jobs_sql: str
+    unfinished_sql: str
+    succeeded_sql: str
+    variants: dict[str, Callable[[str], Awaitable[None]] | None] = field(default_factory=dict)
+
+
+# -- the worker processes --------------------------------------------------------------------
+
+_counter: Any = None
+_starts: Any = None
+_seen = bytearray()
+
+
+def on_job(i: int) -> None:
+    """Called first thing inside every benchmark job: records that job `i` ran (and when)."""
+    if _starts is not None:
+        _starts[i] = time.perf_counter()
+    _seen[i] += 1  # a preallocated count per id: constant memory, however many jobs run
+    with _counter.get_lock():
+        _counter.value += 1
+
+
+def _child_main(
+    module: str,
+    dsn: str,
+    concurrency: int,
+    variant: str | None,
+    n: int,
+    log_path: str,
+    shared: dict[str, Any],
+    idx: int,
+) -> None:
+    global _counter, _starts, _seen
+    # Worker logs go to a file, as a deployed worker's go to a file or a journal.
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 2)
+    os.close(fd)
+    _counter = shared["counter"]
+    _starts = shared["starts"]
+    _seen = bytearray(n)
+    err = None
+    try:
+        mod = importlib.import_module(module)
+        arun(_child_async(mod, dsn, concurrency, variant, shared))
+    except BaseException:  # reported to the parent
+        err = traceback.format_exc()
+    shared["results"].put((idx, bytes(_seen), err))
+
+
+async def _child_async(
+    mod: Any, dsn: str, concurrency: int, variant: str | None, shared: dict[str, Any]
+) -> None:
+    loop = asyncio.get_running_loop()
+    shared["ready"].release()
+    await loop.run_in_executor(None, shared["go"].wait)
+    handle = await mod.start_worker(dsn, concurrency, variant)
+    shared["started"].release()
+    await loop.run_in_executor(None, shared["stop"].wait)
+    await mod.stop_worker(handle)
+
+
+class Workers:
+    """N worker processes (spawned, so nothing is shared by fork)."""
+
+    def __init__(
+        self,
+        adapter: Adapter,
+        dsn: str,
+        procs: int,
+        variant: str | None,
+        n: int,
+        record_starts: bool = False,
+    ) -> None:
+        ctx = mp.get_context("spawn")
+        self.logdir = tempfile.mkdtemp(prefix="bench-logs-")
+        self.shared: dict[str, Any] = dict(
+            counter=ctx.Value("q", 0),
+            starts=ctx.Array("d", n, lock=False) if record_starts else None,
+            ready=ctx.Semaphore(0),
+            started=ctx.Semaphore(0),
+            go=ctx.Event(),
+            stop=ctx.Event(),
+            results=ctx.Queue(),
+        )
+        self.n = n
+        self.procs = [
+            ctx.Process(
+                target=_child_main,
+                args=(
+                    adapter.module,
+                    dsn,
+                    CONCURRENCY,
+                    variant,
+                    n,
+                    os.path.join(self.logdir, f"worker-{k}.log"),
+                    self.shared,
+                    k,
+                ),
+                daemon=True,
+            )
+            for k in range(procs)
+        ]
+
+    def spawn_and_wait_ready(self) -> None:
+        for p in self.procs:
+            p.start()
+        for _ in self.procs:
+            if not self.shared["ready"].acquire(timeout=120):
+                raise RuntimeError("worker process did not become ready")
+
+    def go(self) -> float:
+        t = time.perf_counter()
+        self.shared["go"].set()
+        return t
+
+    def wait_started(self, timeout: float = 60) -> None:
+        for _ in self.procs:
+            if not self.shared["started"].acquire(timeout=timeout):
+                raise RuntimeError("worker did not start")
+
+    @property
+    def count(self) -> int:
+        return int(self.shared["counter"].value)
+
+    def stop_and_collect(self, timeout: float = 60) -> list[int]:
+        """Stop the workers; return how many times each job id ran (summed over processes)."""
+        self.shared["stop"].set()
+        counts = [0] * self.n
+        errs = []
+        for _ in self.procs:
+            idx, seen, err = self.shared["results"].get(timeout=timeout)
+            for i, c in enumerate(seen):
+                if c:
+                    counts[i] += c
+            if err:
+                errs.append(f"worker {idx}: {err}")
+        self._join(timeout)
+        if errs:
+            raise RuntimeError("\n".join(errs))
+        return counts
+
+    def log_errors(self) -> list[str]:
+        """Lines of the workers' logs that report an error (a clean run has none)."""
+        bad = []
+        for name in sorted(os.listdir(self.logdir)):
+            with open(os.path.join(self.logdir, name), errors="replace") as f:
+                bad += [ln.rstrip() for ln in f if "ERROR" in ln or "Traceback" in ln]
+        return bad
+
+    def _join(self, timeout: float) -> None:
+        for p in self.procs:
+            p.join(timeout=timeout)
+            if p.is_alive():  # our own child, by its handle
+                p.terminate()
+                p.join(5)
+
+    def kill(self) -> None:
+        self.shared["stop"].set()
+        self._join(20)
+
+    def cleanup(self) -> None:
+        for name in os.listdir(self.logdir):
+            os.unlink(os.path.join(self.logdir, name))
+        os.rmdir(self.logdir)
+
+
+def exactly_once(counts: list[int]) -> tuple[bool, str]:
+    runs = sum(counts)
+    missing = sum(1 for c in counts if c == 0)
+    twice = sum(1 for c in counts if c > 1)
+    ok = missing == 0 and twice == 0
+    return ok, f"executions={runs} missing={missing} repeated={twice} expected={len(counts)}"
+
+
+def pct(sorted_vals: list[float], p: float) -> float:
+    """Nearest-rank percentile."""
+    k = max(1, math.ceil(p / 100 * len(sorted_vals)))
+    return sorted_vals[k - 1]
+
+
+def rss_mb(pid: int) -> float | None:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        return None
+    return None
+
+
+# -- measurements ----------------------------------------------------------------------------
+
+
+class Bench:
+    """One benchmark session on one server; `records` collects every measurement."""
+
+    def __init__(self, server: Server, n: int, emit: Callable[[dict[str, Any]], None]) -> None:
+        self.server = server
+        self.n = n
+        self.emit = emit
+
+    def db(self, adapter: Adapter) -> str:
+        return f"bench_{adapter.lib.replace('-', '_')}"
+
+    def fresh(self, adapter: Adapter, variant: str | None = None) -> str:
+        db = self.db(adapter)
+        self.server.reset(db)
+        arun(adapter.install(self.server.dsn(db)))
+        extra = adapter.variants.get(variant) if variant else None
+        if extra is not None:
+            arun(extra(self.server.dsn(db)))
+        return db
+
+    def record(self, adapter: Adapter, workload: str, run: int, **kw: Any) -> dict[str, Any]:
+        rec = dict(lib=adapter.lib, label=adapter.label, workload=workload, run=run)
+        rec.update(kw)
+        return rec
+
+    async def _enqueue_single(self, adapter: Adapter, dsn: str) -> float:
+        p = await adapter.open_producer(dsn)
+        try:
+            t0 = time.perf_counter()
+            for i in range(self.n):
+                await p.enqueue(i)
+            return time.perf_counter() - t0
+        finally:
+            await p.close()
+
+    async def _enqueue_bulk(self, adapter: Adapter, dsn: str, n: int) -> float:
+        p = await adapter.open_producer(dsn)
+        try:
+            t0 = time.perf_counter()
+            for start in range(0, n, BULK_BATCH):
+                await p.enqueue_many(list(range(start, min(n, start + BULK_BATCH))))
+            return time.perf_counter() - t0
+        finally:
+            await p.close()
+
+    def enqueue(self, adapter: Adapter, run: int, bulk: bool) -> None:
+        workload = "enqueue_bulk" if bulk else "enqueue_single"
+        rec = self.record(
+            adapter, workload, run, config=adapter.bulk_note if bulk else adapter.single_note
+        )
+        try:
+            db = self.fresh(adapter)
+            self.server.settle(db)
+            dsn = self.server.dsn(db)
+            el = arun(
+                self._enqueue_bulk(adapter, dsn, self.n)
+                if bulk
+                else self._enqueue_single(adapter, dsn)
+            )
+            rows = self.server.scalar(db, adapter.count_jobs_sql)
+            rec.update(
+                value=round(self.n / el, 1),
+                unit="jobs/s",
+                elapsed_s=round(el, 3),
+                verified=rows == self.n,
+                check=f"rows_in_queue={rows}",
+            )
+        except Exception:
+            rec.update(value=None, verified=False, error=traceback.format_exc()[-3000:])
+        self.emit(rec)
+
+    def drain(
+        self,
+        adapter: Adapter,
+        run: int,
+        procs: int,
+        *,
+        workload: str | None = None,
+        variant: str | None = None,
+        n: int | None = None,
+        template: str | None = None,
+        sample_rss: bool = False,
+        label: str | None = None,
+    ) -> dict[str, Any]:
+        n = n or self.n
+        workload = workload or f"drain_{procs}p"
+        rec = self.record(adapter, workload, run, config=label or adapter.config, procs=procs)
+        rec["variant"] = variant
+        w: Workers | None = None
+        try:
+            db = self.db(adapter)
+            if template:
+                self.server.reset(db, template=template)
+            else:
+                self.fresh(adapter, variant)
+            dsn = self.server.dsn(db)
+            arun(self._enqueue_bulk(adapter, dsn, n))
+            self.server.settle(db)
+            w = Workers(adapter, dsn, procs, variant, n)
+            w.spawn_and_wait_ready()
+            pid = w.procs[0].pid
+            samples: list[tuple[int, float]] = []
+            t0 = w.go()
+            deadline = t0 + DRAIN_TIMEOUT_S
+            next_sample = t0
+            while w.count < n and time.perf_counter() < deadline:
+                if sample_rss and time.perf_counter() >= next_sample and pid:
+                    mb = rss_mb(pid)
+                    if mb is not None:
+                        samples.append((w.count, mb))
+                    next_sample += 0.25
+                time.sleep(0.002)
+            t_exec = time.perf_counter()
+            executed = w.count
+            if executed < n:
+                w.stop_and_collect()
+                rec.update(
+                    value=round(executed / (t_exec - t0), 1),
+                    unit="jobs/s",
+                    verified=False,
+                    timed_out=True,
+                    check=f"only {executed}/{n} executed within {DRAIN_TIMEOUT_S:.0f}s",
+                )
+                self.emit(rec)
+                return rec
+            unfinished = None
+            with psycopg.connect(dsn, autocommit=True) as c:
+                while time.perf_counter() < deadline + 30:
+                    row = c.execute(adapter.unfinished_sql).fetchone()
+                    unfinished = row[0] if row else None
+                    if unfinished == 0:
+                        break
+                    time.sleep(0.005)
+            t_done = time.perf_counter()
+            if sample_rss and pid:
+                mb = rss_mb(pid)
+                if mb is not None:
+                    samples.append((n, mb))
+            time.sleep(0.3)  # give any duplicate execution a chance to show up
+            counts = w.stop_and_collect()
+            ok, why = exactly_once(counts)
+            succ = self.server.scalar(db, adapter.succeeded_sql)
+            errors = w.log_errors()
+            ok = ok and unfinished == 0 and succ == n and not errors
+            el = t_done - t0
+            rec.update(
+                value=round(n / el, 1),
+                unit="jobs/s",
+                n=n,
+                elapsed_s=round(el, 3),
+                exec_only_jobs_per_s=round(n / (t_exec - t0), 1),
+                ack_lag_s=round(t_done - t_exec, 3),
+                verified=ok,
+                check=f"{why} db_succeeded={succ} db_unfinished={unfinished}"
+                + (f" log_errors={errors[:3]}" if errors else ""),
+            )
+            if sample_rss:
+                rec.update(rss_summary(samples, n))
+        except Exception:
+            if w is not None:
+                w.kill()
+            rec.update(value=None, verified=False, error=traceback.format_exc()[-3000:])
+        finally:
+            if w is not None:
+                w.cleanup()
+        self.emit(rec)
+        return rec
+
+    def latency(
+        self, adapter: Adapter, run: int, *, variant: str | None = None, label: str | None = None
+    ) -> None:
+        rec = self.record(adapter, "latency", run, config=label or adapter.config)
+        rec["variant"] = variant
+        w: Workers | None = None
+        try:
+            db = self.fresh(adapter, variant)
+            self.server.settle(db)
+            dsn = self.server.dsn(db)
+            w = Workers(adapter, dsn, 1, variant, LAT_N, record_starts=True)
+            w.spawn_and_wait_ready()
+            w.go()
+            w.wait_started()
+            time.sleep(1.0)  # the worker is idle and listening
+            enq = [0.0] * LAT_N
+
+            async def produce() -> None:
+                p = await adapter.open_producer(dsn)
+                try:
+                    t0 = time.perf_counter() + 0.05
+                    for i in range(LAT_N):
+                        d = t0 + i * LAT_GAP_S - time.perf_counter()
+                        if d > 0:
+                            await asyncio.sleep(d)
+                        enq[i] = time.perf_counter()
+                        await p.enqueue(i)
+                finally:
+                    await p.close()
+
+            arun(produce())
+            deadline = time.perf_counter() + 60
+            while w.count < LAT_N and time.perf_counter() < deadline:
+                time.sleep(0.005)
+            time.sleep(0.3)
+            starts = list(w.shared["starts"])
+            counts = w.stop_and_collect()
+            ok, why = exactly_once(counts)
+            raw = [(starts[i] - enq[i]) * 1000 if starts[i] > 0 else None for i in range(LAT_N)]
+            lat = sorted(x for x in raw if x is not None)
+            if not lat:
+                raise RuntimeError("no job started")
+            errors = w.log_errors()
+            rec.update(
+                p50_ms=round(pct(lat, 50), 2),
+                p95_ms=round(pct(lat, 95), 2),
+                p99_ms=round(pct(lat, 99), 2),
+                max_ms=round(lat[-1], 2),
+                first_job_ms=round(raw[0], 2) if raw[0] is not None else None,
+                n=LAT_N,
+                verified=ok and len(lat) == LAT_N and not errors,
+                check=why + (f" log_errors={errors[:3]}" if errors else ""),
+            )
+        except Exception:
+            if w is not None:
+                w.kill()
+            rec.update(verified=False, error=traceback.format_exc()[-3000:])
+        finally:
+            if w is not None:
+                w.cleanup()
+        self.emit(rec)
+
+
+def rss_summary(samples: list[tuple[int, float]], n: int) -> dict[str, Any]:
+    """RSS of the worker after 20% of the jobs, at the end, and the growth in between."""
+    if len(samples) < 3:
+        return {"rss_note": "too few samples"}
+    early = [mb for done, mb in samples if done >= n * 0.2]
+    base = early[0] if early else samples[0][1]
+    end = samples[-1][1]
+    peak = max(mb for _, mb in samples)
+    return {
+        "rss_at_20pct_mb": round(base, 1),
+        "rss_end_mb": round(end, 1),
+        "rss_peak_mb": round(peak, 1),
+        "rss_growth_mb": round(end - base, 1),
+        "rss_samples": len(samples),
+    }

@@ -1,0 +1,205 @@
+"""Folds the measurements of one `python -m bench` session into one Markdown table."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+from typing import Any
+
+PEERS = ["pgqueuer", "procrastinate", "chancy"]
+
+
+def _values(records: list[dict[str, Any]], key: str, **match: Any) -> list[float]:
+    out = []
+    for r in records:
+        matches = all(r.get(k) == v for k, v in match.items())
+        if matches and r.get(key) is not None and r.get("verified"):
+            out.append(float(r[key]))
+    return out
+
+
+def _fmt(x: float) -> str:
+    return f"{x:,.0f}" if x >= 100 else f"{x:,.1f}" if x >= 10 else f"{x:,.2f}"
+
+
+def cell(vals: list[float]) -> str:
+    if not vals:
+        return "-"
+    med = statistics.median(vals)
+    if len(vals) == 1:
+        return _fmt(med)
+    return f"{_fmt(med)} ({_fmt(min(vals))}-{_fmt(max(vals))})"
+
+
+def med(vals: list[float]) -> float | None:
+    return statistics.median(vals) if vals else None
+
+
+def ratio(a: float | None, b: float | None) -> str:
+    return f"{a / b:.2f}x" if a and b else "-"
+
+
+Row = tuple[str, str, str, dict[str, Any], str, Callable[[dict[str, float | None]], bool | None]]
+
+
+def render(records: list[dict[str, Any]], info: dict[str, Any], args: Any) -> str:
+    labels = {r["lib"]: r["label"] for r in records}
+    peers = [p for p in PEERS if p in labels]
+    n = args.jobs
+
+    def m(lib: str, workload: str, key: str = "value", **kw: Any) -> list[float]:
+        return _values(records, key, lib=lib, workload=workload, **kw)
+
+    head = ["workload", "durable-worker"] + [labels[p] for p in peers] + ["bare loop"]
+    head += [f"x {labels[p].split()[0]}" for p in peers] + ["x bare", "target", "met"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+
+    def row(
+        title: str,
+        ours: list[float],
+        others: dict[str, list[float]],
+        target: str,
+        check: Callable[[float | None, dict[str, float | None]], bool | None],
+    ) -> None:
+        mo = med(ours)
+        mp = {k: med(v) for k, v in others.items()}
+        cells = [title, cell(ours)] + [cell(others.get(p, [])) for p in peers]
+        cells.append(cell(others.get("bare", [])))
+        cells += [ratio(mo, mp.get(p)) for p in peers] + [ratio(mo, mp.get("bare"))]
+        verdict = check(mo, mp) if mo is not None else None
+        cells += [target, "-" if verdict is None else ("yes" if verdict else "**no**")]
+        lines.append("| " + " | ".join(cells) + " |")
+
+    def at_least(lib: str, k: float) -> Callable[[float | None, dict[str, float | None]], Any]:
+        return lambda o, p: None if not (o and p.get(lib)) else o >= k * p[lib]  # type: ignore[operator]
+
+    def at_most(lib: str) -> Callable[[float | None, dict[str, float | None]], Any]:
+        return lambda o, p: None if not (o and p.get(lib)) else o <= p[lib]  # type: ignore[operator]
+
+    def both(*fs: Callable[..., Any]) -> Callable[..., Any]:
+        def f(o: Any, p: Any) -> Any:
+            got = [g(o, p) for g in fs]
+            return None if any(x is None for x in got) else all(got)
+
+        return f
+
+    def peers_of(workload: str, key: str = "value") -> dict[str, list[float]]:
+        return {p: m(p, workload, key) for p in [*peers, "bare"]}
+
+    row(
+        f"enqueue, 1 job per call, {n:,} calls (jobs/s)",
+        m("durable", "enqueue_single"),
+        peers_of("enqueue_single"),
+        ">= 1.0x PgQueuer",
+        at_least("pgqueuer", 1.0),
+    )
+    row(
+        "enqueue_many, 1,000 jobs per call (jobs/s)",
+        m("durable", "enqueue_bulk"),
+        peers_of("enqueue_bulk"),
+        ">= 1.2x PgQueuer",
+        at_least("pgqueuer", 1.2),
+    )
+    for procs in (1, 2):
+        wl = f"drain_{procs}p"
+        title = f"drain {n:,}, {procs} process{'es' if procs > 1 else ''} x c10 (jobs/s)"
+        target = ">= 1.5x PgQueuer" + (", >= 0.5x bare" if procs == 1 else "")
+        check = (
+            both(at_least("pgqueuer", 1.5), at_least("bare", 0.5))
+            if procs == 1
+            else at_least("pgqueuer", 1.5)
+        )
+        row(title, m("durable", wl, variant="warning"), peers_of(wl), target, check)
+        row(
+            "... same, durable-worker at default INFO logging (jobs/s)",
+            m("durable", wl, variant="info"),
+            peers_of(wl),
+            target,
+            check,
+        )
+    for key, name in (("p50_ms", "p50"), ("p99_ms", "p99")):
+        row(
+            f"insert -> start latency {name} (ms)",
+            m("durable", "latency", key, variant="warning"),
+            peers_of("latency", key),
+            "<= PgQueuer (<= 1.0x)",
+            at_most("pgqueuer"),
+        )
+        row(
+            "... same, durable-worker at default INFO logging (ms)",
+            m("durable", "latency", key, variant="info"),
+            peers_of("latency", key),
+            "<= PgQueuer (<= 1.0x)",
+            at_most("pgqueuer"),
+        )
+    lines.append("")
+
+    # durable-worker against itself
+    base = m("durable", "drain_1p", variant="warning")
+    own = [
+        "| durable-worker workload | result | x drain 1 process, empty table | target | met |",
+        "|---|---|---|---|---|",
+    ]
+
+    def own_row(title: str, vals: list[float], k: float) -> None:
+        if not vals:
+            return
+        r = (med(vals) or 0) / med(base) if base else None
+        met = "-" if r is None else ("yes" if r >= k else "**no**")
+        own.append(
+            f"| {title} | {cell(vals)} jobs/s | {'-' if r is None else f'{r:.2f}x'} "
+            f"| >= {k}x | {met} |"
+        )
+
+    own_row(
+        f"drain {n:,}, 1 process, with {args.history:,} finished jobs in the table",
+        m("durable", "drain_history"),
+        0.8,
+    )
+    own_row(
+        f"drain {n:,} 3-stage pipeline jobs (stage outputs persisted), 1 process",
+        m("durable", "drain_pipeline"),
+        0.5,
+    )
+    mem = [r for r in records if r["workload"] == "memory" and r.get("verified")]
+    if mem:
+        growth = [float(r["rss_growth_mb"]) for r in mem if "rss_growth_mb" in r]
+        start = [float(r["rss_at_20pct_mb"]) for r in mem if "rss_at_20pct_mb" in r]
+        end = [float(r["rss_end_mb"]) for r in mem if "rss_end_mb" in r]
+        rate = [float(r["value"]) for r in mem]
+        flat = all(g <= max(2.0, 0.05 * s) for g, s in zip(growth, start, strict=True))
+        own.append(
+            f"| worker RSS while draining {args.memory_jobs:,} jobs (INFO logging): after 20% "
+            f"of the jobs -> at the end (MB) | {cell(start)} -> {cell(end)} "
+            f"(growth {cell(growth)}); {cell(rate)} jobs/s | - | flat: growth <= max(2 MB, 5%) "
+            f"in every run | {'yes' if flat else '**no**'} |"
+        )
+    if len(own) > 2:
+        lines += [*own, ""]
+
+    bad = [r for r in records if not r.get("verified")]
+    total = len(records)
+    lines.append(
+        f"Every cell: median (min-max) over {args.runs} run(s), verified measurements only; "
+        f"{total - len(bad)} of {total} measurements passed the exactly-once and database "
+        "checks. Ratios: durable-worker's median / the other's median (for latency, lower "
+        "is better, so the target is <= 1.0x)."
+    )
+    for r in bad:
+        why = r.get("check") or (r.get("error") or "").strip().splitlines()[-1:]
+        lines.append(f"- NOT VERIFIED: run {r['run']} {r['workload']} {r['label']}: {why}")
+    lines += ["", "Configurations:", ""]
+    seen = set()
+    for r in records:
+        key = (r["label"], r.get("config"))
+        if key not in seen and r["workload"].startswith(("drain_1p", "enqueue")):
+            seen.add(key)
+            lines.append(f"- {r['label']}, {r['workload']}: {r.get('config')}")
+    lines += [
+        "",
+        f"Machine: {info['nproc']} CPUs ({info['cpu']}), Python {info['python']} "
+        f"({info['loop']}), {info['postgres']} on the same machine "
+        f"({info['pg_settings']}).",
+        f"Command: `{info['command']}` ({info['elapsed_s']} s).",
+    ]
+    return "\n".join(lines) + "\n"

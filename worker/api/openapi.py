@@ -1,0 +1,235 @@
+"""The OpenAPI 3.1 description of the HTTP edge, built from the pydantic shapes it uses."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel
+
+from worker.api.schemas import (
+    ActionOut,
+    EnqueueBody,
+    ErrorOut,
+    Health,
+    JobOut,
+    JobPage,
+    ResumeBody,
+    Stats,
+)
+from worker.schema import STATUSES
+
+_REF = "#/components/schemas/{model}"
+
+
+@dataclass
+class Operation:
+    method: str
+    path: str
+    summary: str
+    response: type[BaseModel] | str | None  # a model, or a media type for non-JSON answers
+    status: int = 200
+    body: type[BaseModel] | None = None
+    body_required: bool = True
+    parameters: list[dict[str, Any]] = field(default_factory=list)
+    errors: dict[int, str] = field(default_factory=dict)
+    mutates: bool = False
+
+
+_JOB_ID = {
+    "name": "id",
+    "in": "path",
+    "required": True,
+    "schema": {"type": "string", "format": "uuid"},
+}
+_UNAVAILABLE = {503: "The database is unreachable (JSON error, retry later)."}
+
+OPERATIONS = [
+    Operation("get", "/", "The dashboard page", "text/html"),
+    Operation(
+        "get",
+        "/healthz",
+        "Liveness and database reachability",
+        Health,
+        errors={503: "The database is unreachable or has no worker schema."},
+    ),
+    Operation(
+        "get",
+        "/stats",
+        "Jobs per queue and status, oldest pending age",
+        Stats,
+        errors=_UNAVAILABLE,
+    ),
+    Operation(
+        "get",
+        "/jobs",
+        "List jobs, newest first (keyset-paginated)",
+        JobPage,
+        parameters=[
+            {"name": "status", "in": "query", "schema": {"type": "string", "enum": list(STATUSES)}},
+            {"name": "queue", "in": "query", "schema": {"type": "string"}},
+            {"name": "task", "in": "query", "schema": {"type": "string"}},
+            {
+                "name": "limit",
+                "in": "query",
+                "schema": {"type": "integer", "minimum": 1, "maximum": 500, "default": 50},
+            },
+            {
+                "name": "cursor",
+                "in": "query",
+                "description": "`next_cursor` of the previous page.",
+                "schema": {"type": "string"},
+            },
+        ],
+        errors={422: "A bad filter, limit or cursor.", **_UNAVAILABLE},
+    ),
+    Operation(
+        "post",
+        "/jobs",
+        "Enqueue a job",
+        JobOut,
+        status=201,
+        body=EnqueueBody,
+        errors={422: "The body is not a valid job (the reason is given).", **_UNAVAILABLE},
+        mutates=True,
+    ),
+    Operation(
+        "get",
+        "/jobs/{id}",
+        "One job with its stages, outputs, result and error",
+        JobOut,
+        parameters=[_JOB_ID],
+        errors={404: "No such job.", **_UNAVAILABLE},
+    ),
+    Operation(
+        "get",
+        "/jobs/{id}/events",
+        "The job's progress events as Server-Sent Events: past ones, then live, until it ends",
+        "text/event-stream",
+        parameters=[
+            _JOB_ID,
+            {
+                "name": "Last-Event-ID",
+                "in": "header",
+                "description": "Resume after this event id (sent by EventSource on reconnect).",
+                "schema": {"type": "integer", "minimum": 0},
+            },
+            {
+                "name": "after",
+                "in": "query",
+                "description": "Like Last-Event-ID, for clients that cannot set headers.",
+                "schema": {"type": "integer", "minimum": 0},
+            },
+        ],
+        errors={404: "No such job.", 422: "A bad Last-Event-ID.", **_UNAVAILABLE},
+    ),
+    Operation(
+        "post",
+        "/jobs/{id}/cancel",
+        "Cancel a job (at once if it has not started, else at its next stage boundary)",
+        ActionOut,
+        parameters=[_JOB_ID],
+        errors={404: "No such job.", 409: "The job already finished.", **_UNAVAILABLE},
+        mutates=True,
+    ),
+    Operation(
+        "post",
+        "/jobs/{id}/resume",
+        "Answer a paused job's question; it runs again",
+        JobOut,
+        body=ResumeBody,
+        body_required=False,
+        parameters=[_JOB_ID],
+        errors={
+            404: "No such job.",
+            409: "The job is not paused.",
+            422: "A bad body.",
+            **_UNAVAILABLE,
+        },
+        mutates=True,
+    ),
+    Operation(
+        "post",
+        "/jobs/{id}/retry",
+        "Run a failed or cancelled job again, from its first unfinished stage",
+        JobOut,
+        parameters=[_JOB_ID],
+        errors={404: "No such job.", 409: "The job is not failed or cancelled.", **_UNAVAILABLE},
+        mutates=True,
+    ),
+]
+
+
+def _schema(model: type[BaseModel], components: dict[str, Any], mode: str) -> dict[str, Any]:
+    schema = model.model_json_schema(ref_template=_REF, mode=mode)  # type: ignore[arg-type]
+    components.update(schema.pop("$defs", {}))
+    components[model.__name__] = schema
+    return {"$ref": _REF.format(model=model.__name__)}
+
+
+def _operation_id(op: Operation) -> str:
+    name = op.path.strip("/").replace("/", "_").replace("{", "").replace("}", "")
+    return f"{op.method}_{name or 'dashboard'}"
+
+
+def build_spec(version: str) -> dict[str, Any]:
+    """The spec served at `/openapi.json`."""
+    components: dict[str, Any] = {}
+    error_ref = _schema(ErrorOut, components, "serialization")
+    paths: dict[str, dict[str, Any]] = {}
+    for op in OPERATIONS:
+        if op.response is None:
+            content: dict[str, Any] = {}
+        elif isinstance(op.response, str):
+            content = {op.response: {"schema": {"type": "string"}}}
+        else:
+            content = {
+                "application/json": {"schema": _schema(op.response, components, "serialization")}
+            }
+        responses: dict[str, Any] = {str(op.status): {"description": "OK", "content": content}}
+        errors = dict(op.errors)
+        if op.mutates:
+            errors[401] = "No bearer token given (WORKER_API_TOKEN is set)."
+            errors[403] = "Wrong bearer token."
+        for code, text in sorted(errors.items()):
+            responses[str(code)] = {
+                "description": text,
+                "content": {"application/json": {"schema": error_ref}},
+            }
+        operation: dict[str, Any] = {
+            "summary": op.summary,
+            "operationId": _operation_id(op),
+            "responses": responses,
+        }
+        if op.parameters:
+            operation["parameters"] = op.parameters
+        if op.body is not None:
+            operation["requestBody"] = {
+                "required": op.body_required,
+                "content": {
+                    "application/json": {"schema": _schema(op.body, components, "validation")}
+                },
+            }
+        if op.mutates:
+            operation["security"] = [{"bearer": []}]
+        paths.setdefault(op.path, {})[op.method] = operation
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "durable-worker",
+            "version": version,
+            "description": "Jobs on a PostgreSQL queue: enqueue, inspect, cancel, resume, retry, "
+            "and follow a job's progress live.",
+        },
+        "paths": paths,
+        "components": {
+            "schemas": components,
+            "securitySchemes": {
+                "bearer": {
+                    "type": "http",
+                    "scheme": "bearer",
+                    "description": "The value of WORKER_API_TOKEN.",
+                }
+            },
+        },
+    }

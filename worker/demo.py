@@ -1,0 +1,171 @@
+"""`worker demo`: the main job on the embedded default, in one process.
+
+Enqueues a realistic batch (quick jobs, a job that fails once and succeeds on retry, one that
+always fails, a slow one, and a three-stage pipeline with a cleanup), runs a worker until all
+are finished, shows live progress, and prints a summary table by status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import random
+import time
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from worker.client import Client
+from worker.db import migrate
+from worker.db.engine import database_url, embedded_server, redact
+from worker.models import TERMINAL_STATUSES
+from worker.settings import Settings
+from worker.stages import Pipeline
+from worker.tasks import Context, task
+
+QUEUE = "demo"
+
+
+@task(name="demo.thumbnail")
+def thumbnail(payload: dict[str, Any]) -> dict[str, Any]:
+    time.sleep(random.uniform(0.05, 0.3))
+    digest = hashlib.sha256(payload["image"].encode()).hexdigest()[:12]
+    return {"image": payload["image"], "thumbnail": f"thumbs/{digest}.webp"}
+
+
+@task(name="demo.charge")
+def flaky_charge(payload: dict[str, Any], ctx: Context) -> dict[str, Any]:
+    if ctx.attempt == 1:
+        raise ConnectionError("payment gateway timed out (the demo fails the first attempt)")
+    return {"charged": payload["amount"], "attempt": ctx.attempt}
+
+
+@task(name="demo.import_row")
+def broken_import(payload: dict[str, Any]) -> None:
+    raise ValueError(f"row {payload['row']}: column 'price' is not a number")
+
+
+@task(name="demo.nightly_report")
+async def nightly_report(payload: dict[str, Any], ctx: Context) -> dict[str, Any]:
+    for step in range(1, 6):
+        await asyncio.sleep(payload["seconds"] / 5)
+        ctx.progress(step * 20)
+    return {"pages": 12}
+
+
+export = Pipeline("demo.export")
+
+
+@export.stage
+def extract(ctx: Context) -> dict[str, Any]:
+    return {"rows": 250}
+
+
+@export.stage
+def transform(ctx: Context) -> dict[str, Any]:
+    time.sleep(0.3)
+    return {"rows": ctx.outputs["extract"]["rows"], "columns": 8}
+
+
+@export.stage
+def publish(ctx: Context) -> dict[str, Any]:
+    return {"url": f"s3://exports/{ctx.job_id}.parquet"}
+
+
+@export.cleanup
+def remove_scratch_files(ctx: Context) -> str:
+    return "scratch files removed"
+
+
+def run_demo(settings: Settings, quick_jobs: int = 40) -> None:
+    from worker.daemon import Worker
+    from worker.logs import configure
+
+    console = Console()
+    server = None if settings.database_url else embedded_server(settings)
+    was_running = server is not None and server.is_running()
+    url = database_url(settings)
+    where = "embedded PostgreSQL" if not settings.database_url else "DATABASE_URL"
+    console.print(f"[bold]durable-worker demo[/bold] on {where}: {redact(url)}")
+    migrate.upgrade(url)
+    client = Client(url)
+    ids = [j.job_id for j in client.enqueue_many(
+        [("demo.thumbnail", {"image": f"photos/{i:04d}.jpg"}) for i in range(quick_jobs)]
+    )]
+    ids.append(client.enqueue("demo.charge", {"amount": 42}, queue=QUEUE).job_id)
+    ids.append(client.enqueue("demo.import_row", {"row": 17}, queue=QUEUE, max_retries=1).job_id)
+    ids.append(client.enqueue("demo.nightly_report", {"seconds": 3.0}, queue=QUEUE).job_id)
+    ids.append(client.enqueue("demo.export", {"table": "orders"}, queue=QUEUE).job_id)
+    console.print(f"enqueued {len(ids)} jobs; starting a worker (concurrency "
+                  f"{settings.concurrency})")
+
+    demo_settings = settings.model_copy(update={
+        "queues": ["default", QUEUE], "retry_backoff_base": 0.5, "retry_backoff_max": 2.0,
+        "poll_max": 0.5,
+    })
+    configure("WARNING", settings.log_format)
+    worker = Worker(url, demo_settings)
+
+    async def main() -> None:
+        runner = asyncio.create_task(worker.run())
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                      TimeElapsedColumn(), console=console) as progress:
+            bar = progress.add_task("jobs finished", total=len(ids))
+            while True:
+                done = await asyncio.to_thread(_finished, url, ids)
+                progress.update(bar, completed=done)
+                if done == len(ids) or runner.done():
+                    break
+                await asyncio.sleep(0.2)
+        worker.request_stop()
+        with contextlib.suppress(asyncio.CancelledError):
+            await runner
+
+    asyncio.run(main())
+    _summary(console, url, ids)
+    if server is not None and not was_running:
+        server.stop()
+        console.print("embedded PostgreSQL stopped (its data stays in "
+                      f"{settings.data_dir}/pg; `worker db start` starts it again)")
+
+
+def _finished(url: str, ids: list[str]) -> int:
+    import psycopg
+
+    with psycopg.connect(url) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM worker.jobs WHERE id = ANY(%s::uuid[]) AND status = ANY(%s)",
+            (ids, sorted(TERMINAL_STATUSES)),
+        ).fetchone()
+    return int(row[0]) if row else 0
+
+
+def _summary(console: Console, url: str, ids: list[str]) -> None:
+    import psycopg
+
+    with psycopg.connect(url) as conn:
+        by_status = conn.execute(
+            "SELECT status, count(*), round(avg(extract(epoch FROM finished_at - started_at))"
+            "::numeric, 3), sum(retry_count) FROM worker.jobs WHERE id = ANY(%s::uuid[]) "
+            "GROUP BY status ORDER BY status", (ids,),
+        ).fetchall()
+        notable = conn.execute(
+            "SELECT task, status, retry_count, coalesce(result::text, split_part(error, E'\\n', 1))"
+            " FROM worker.jobs WHERE id = ANY(%s::uuid[]) AND task <> 'demo.thumbnail' "
+            "ORDER BY task", (ids,),
+        ).fetchall()
+    table = Table(title="jobs by status")
+    for column in ("status", "jobs", "avg run time (s)", "retries"):
+        table.add_column(column)
+    for status, count, avg, retries in by_status:
+        table.add_row(status, str(count), str(avg), str(retries))
+    console.print(table)
+    details = Table(title="the interesting ones")
+    for column in ("task", "status", "retries", "result or error"):
+        details.add_column(column)
+    for task_name, status, retries, outcome in notable:
+        details.add_row(task_name, status, str(retries), str(outcome)[:80])
+    console.print(details)
