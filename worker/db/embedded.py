@@ -120,8 +120,8 @@ class LocalPostgres:
         return proc
 
     @contextmanager
-    def _locked(self) -> Iterator[None]:
-        # Two processes starting at once must not both run initdb or pg_ctl start.
+    def locked(self) -> Iterator[None]:
+        """Held while starting, stopping or migrating: one process at a time does it."""
         self.data_dir.parent.mkdir(parents=True, exist_ok=True)
         lock_path = self.data_dir.parent / f".{self.data_dir.name}.lock"
         with open(lock_path, "a") as lock:
@@ -192,23 +192,28 @@ class LocalPostgres:
 
     def start(self, timeout: float = 60.0) -> str:
         """Initialise the cluster if needed, start it unless it runs, and return its URL."""
-        with self._locked():
-            if not (self.data_dir / "PG_VERSION").exists():
-                self._init()
-            if not self.is_running():
-                self._run(
-                    "pg_ctl",
-                    "start",
-                    "-D",
-                    str(self.data_dir),
-                    "-w",
-                    "-t",
-                    str(int(timeout)),
-                    "-l",
-                    str(self.data_dir / "server.log"),
-                )
-            self._ensure_database()
+        with self.locked():
+            return self._start(timeout)
+
+    def _start(self, timeout: float) -> str:
+        if not (self.data_dir / "PG_VERSION").exists():
+            self._init()
+        if not self.is_running():
+            self._run(
+                "pg_ctl", "start", "-D", str(self.data_dir), "-w", "-t", str(int(timeout)),
+                "-l", str(self.data_dir / "server.log"),
+            )
+        self._ensure_database()
         return self.url()
+
+    def start_migrated(self, timeout: float = 60.0) -> str:
+        """`start`, then bring the `worker` schema to the latest migration."""
+        from worker.db import migrate
+
+        with self.locked():
+            url = self._start(timeout)
+            migrate.upgrade(url)
+        return url
 
     def _ensure_database(self) -> None:
         import psycopg
@@ -230,7 +235,7 @@ class LocalPostgres:
 
     def stop(self, mode: str = "fast") -> None:
         """Stop the server if it runs."""
-        with self._locked():
+        with self.locked():
             if self.is_running():
                 self._run("pg_ctl", "stop", "-D", str(self.data_dir), "-m", mode, "-w")
 

@@ -20,7 +20,8 @@ def embedded_server(settings: Settings) -> LocalPostgres:
 
 @lru_cache(maxsize=8)
 def _embedded_url(data_dir: str) -> str:
-    return LocalPostgres(Path(data_dir) / "pg").start()
+    # Migrated on first use, so trying durable-worker needs no `worker migrate` step.
+    return LocalPostgres(Path(data_dir) / "pg").start_migrated()
 
 
 def database_url(settings: Settings | None = None) -> str:
