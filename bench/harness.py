@@ -22,6 +22,7 @@ import importlib
 import math
 import multiprocessing as mp
 import os
+import sys
 import tempfile
 import time
 import traceback
@@ -214,6 +215,21 @@ class Workers:
         for _ in self.procs:
             if not self.shared["ready"].acquire(timeout=120):
                 raise RuntimeError("worker process did not become ready")
+        self.profilers = []
+        if os.environ.get("BENCH_PROFILE"):
+            # BENCH_PROFILE=dir: py-spy records every worker process (collapsed stacks).
+            import subprocess
+
+            out = os.environ["BENCH_PROFILE"]
+            os.makedirs(out, exist_ok=True)
+            spy = os.path.join(os.path.dirname(sys.executable), "py-spy")
+            for p in self.procs:
+                cmd = [spy, "record", "-r", "250", "-f", "raw", "-p", str(p.pid)]
+                cmd += ["-o", os.path.join(out, f"worker-{p.pid}.txt")]
+                self.profilers.append(
+                    subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                )
+            time.sleep(1.0)  # let py-spy attach before the clock starts
 
     def go(self) -> float:
         t = time.perf_counter()
@@ -255,6 +271,8 @@ class Workers:
         return bad
 
     def _join(self, timeout: float) -> None:
+        for prof in getattr(self, "profilers", []):
+            prof.wait(timeout=30)  # py-spy writes its output when the process exits
         for p in self.procs:
             p.join(timeout=timeout)
             if p.is_alive():  # our own child, by its handle

@@ -104,3 +104,175 @@ def third(ctx: Any) -> dict[str, int]:
 def tidy(ctx: Any) -> str:
     record(ctx.job_id, "cleanup")
     return "tidied"
+
+
+# A pipeline shaped like the async job watcher, reporting its progress as it polls: `ticks`
+# polls of `tick` seconds each, every one a progress event with the percent and rows so far.
+watched = Pipeline("watched_export")
+
+
+@watched.stage
+def spawn(ctx: Any) -> dict[str, int]:
+    return {"ticks": int(ctx.payload.get("ticks", 5))}
+
+
+@watched.stage
+def poll(ctx: Any) -> dict[str, int]:
+    ticks = ctx.outputs["spawn"]["ticks"]
+    for i in range(1, ticks + 1):
+        ctx.raise_if_cancelled()
+        time.sleep(float(ctx.payload.get("tick", 0.2)))
+        ctx.progress(round(100 * i / ticks), rows=10 * i)
+    return {"rows": 10 * ticks}
+
+
+@watched.stage
+def verify(ctx: Any) -> dict[str, Any]:
+    return {"verified": True, "rows": ctx.outputs["poll"]["rows"]}
+
+
+@watched.cleanup
+def remove_status_file(ctx: Any) -> str:
+    return "removed"
+
+
+@task
+def counts_up(payload: dict[str, Any], ctx: Any) -> int:
+    """A plain task (no stages) reporting `n` progress events."""
+    n = int(payload.get("n", 3))
+    for i in range(1, n + 1):
+        time.sleep(float(payload.get("tick", 0.05)))
+        ctx.progress(100 * i / n, i=i)
+    return n
+
+
+@task
+def messy_progress(payload: dict[str, Any], ctx: Any) -> str:
+    """Reports messages JSON cannot hold as such; the job must still complete."""
+    ctx.progress(50, thing=object(), ratio=float("nan"), text="nul\x00char")
+    ctx.progress(100, step_done=True)
+    return "ok"
+
+
+# -- stage runner guarantees (tests/test_stages.py) ------------------------------------------
+
+
+def effects_of(job: str, kind: str) -> int:
+    cur = _conn().execute("SELECT count(*) FROM effects WHERE job = %s AND kind = %s", (job, kind))
+    row = cur.fetchone()
+    return int(row[0]) if row else 0
+
+
+# Pauses for a human in its middle stage; every stage run leaves an effect row.
+approval = Pipeline("approval")
+
+
+@approval.stage(name="prepare")
+def approval_prepare(ctx: Any) -> dict[str, int]:
+    record(ctx.job_id, "prepare")
+    return {"amount": int(ctx.payload.get("amount", 10))}
+
+
+@approval.stage(name="approve")
+def approval_approve(ctx: Any) -> dict[str, Any]:
+    record(ctx.job_id, "approve")
+    if ctx.answer is None:
+        ctx.pause({"question": f"pay {ctx.outputs['prepare']['amount']}?"})
+    return {"answer": ctx.answer}
+
+
+@approval.stage(name="pay")
+def approval_pay(ctx: Any) -> dict[str, Any]:
+    record(ctx.job_id, "pay")
+    return {"paid": ctx.outputs["prepare"]["amount"], "answer": ctx.outputs["approve"]["answer"]}
+
+
+@approval.cleanup(name="release")
+def approval_release(ctx: Any) -> str:
+    record(ctx.job_id, "cleanup")
+    return "released"
+
+
+# Polls `polls` times, snoozing `every` seconds in between (never sleeping in its slot).
+snoozer = Pipeline("snoozer")
+
+
+@snoozer.stage(name="wait_until_ready")
+def snoozer_wait(ctx: Any) -> dict[str, int]:
+    record(ctx.job_id, "poll")
+    polls = effects_of(ctx.job_id, "poll")
+    if polls < int(ctx.payload.get("polls", 3)):
+        ctx.snooze(float(ctx.payload.get("every", 0.5)))
+    return {"polls": polls}
+
+
+@snoozer.cleanup(name="snoozer_cleanup")
+def snoozer_cleanup(ctx: Any) -> str:
+    record(ctx.job_id, "cleanup")
+    return "done"
+
+
+# A stage with a 1 s deadline that is never done: it snoozes, or it sleeps, forever.
+deadlined = Pipeline("deadlined")
+
+
+@deadlined.stage(name="never_ready", deadline=1.0)
+async def deadlined_never_ready(ctx: Any) -> None:
+    import asyncio
+
+    record(ctx.job_id, "try")
+    if ctx.payload.get("mode") == "sleep":
+        await asyncio.sleep(60)
+    ctx.snooze(0.2)
+
+
+@deadlined.cleanup(name="deadlined_cleanup")
+def deadlined_cleanup(ctx: Any) -> str:
+    record(ctx.job_id, "cleanup")
+    return "done"
+
+
+# Its stage fails (or not, with `stage_ok`); its cleanup always fails.
+bad_cleanup = Pipeline("bad_cleanup")
+
+
+@bad_cleanup.stage(name="work")
+def bad_cleanup_work(ctx: Any) -> str:
+    record(ctx.job_id, "work")
+    if not ctx.payload.get("stage_ok"):
+        raise ValueError("the original problem")
+    return "worked"
+
+
+@bad_cleanup.cleanup(name="broken_cleanup")
+def bad_cleanup_broken(ctx: Any) -> None:
+    record(ctx.job_id, "cleanup")
+    raise OSError("the cleanup's own problem")
+
+
+# A long stage that watches `ctx.cancelled` and stops as soon as it turns true.
+patient = Pipeline("patient")
+
+
+@patient.stage(name="long_wait")
+def patient_long_wait(ctx: Any) -> str:
+    record(ctx.job_id, "long_wait")
+    deadline = time.monotonic() + float(ctx.payload.get("seconds", 30))
+    while time.monotonic() < deadline:
+        if ctx.cancelled:
+            record(ctx.job_id, "saw_cancel")
+            ctx.raise_if_cancelled()
+        time.sleep(0.01)
+    return "waited"
+
+
+@patient.stage(name="after_wait")
+def patient_after_wait(ctx: Any) -> str:
+    record(ctx.job_id, "after_wait")
+    return "after"
+
+
+@patient.cleanup(name="patient_cleanup")
+def patient_cleanup(ctx: Any) -> str:
+    record(ctx.job_id, "cleanup")
+    return "done"

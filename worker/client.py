@@ -8,47 +8,80 @@ Two clients with the same verbs: `Client` (blocking, for scripts and web handler
 
     job = enqueue("send_email", {"to": "ada@example.com"})
     print(job.wait_sync(timeout=30))
+
+Waiting is woken by the `worker_done` notification a worker sends when it records a job's
+outcome. Every waiter of a process shares one listening connection per database, and rechecks
+the job every `WAIT_RECHECK_SECONDS` anyway, so a notification lost to a dropped connection
+delays a waiter by at most that long and never strands it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
+import logging
+import math
+import os
+import re
+import threading
 import time
-from collections.abc import Iterable, Sequence
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from functools import lru_cache
 from typing import Any
 from uuid import UUID
 
 import psycopg
-from sqlalchemy import Connection, Engine
+from sqlalchemy import Connection, Engine, Result, TextClause, text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 from sqlalchemy.orm import Session
 
 from worker.db import sql
-from worker.db.engine import async_engine, database_url, sync_engine
+from worker.db.engine import async_engine, database_url, psycopg_url, sync_engine
 from worker.models import TERMINAL_STATUSES, JobStatus
 from worker.schema import MAX_TASK_NAME, PRIORITY_RANGE
 from worker.settings import get_settings
 
 JSON = Any
+log = logging.getLogger("worker.client")
+
 # How often a waiter re-reads the job even without a notification (a missed NOTIFY, a
 # reconnect): the notification is the fast path, this is the safety net.
 WAIT_RECHECK_SECONDS = 2.0
+# How long a waiter lets the shared listener connect before its first read; past that (the
+# database unreachable for a moment) it waits by rechecking alone until the listener is back.
+LISTEN_READY_SECONDS = 5.0
+# The shared listener closes its connection once no one has waited for this long.
+LISTEN_LINGER_SECONDS = 30.0
+# `application_name` of the listening connection, to find it in pg_stat_activity.
+LISTENER_NAME = "durable-worker wait"
 
 
 class JobError(RuntimeError):
-    """A job you waited on ended `failed` or `cancelled`; `.job` holds its final state."""
+    """A job you waited on ended `failed` or `cancelled`.
+
+    `.job` is the job's final state and `.error` its error (the task's exception and
+    traceback, or why it was cancelled).
+
+    >>> try:                                    # doctest: +SKIP
+    ...     job.wait_sync()
+    ... except JobError as exc:
+    ...     print(exc.job.status, exc.error)
+    """
 
     def __init__(self, job: Job) -> None:
-        super().__init__(f"job {job.job_id} ({job.task}) {job.status}: {job.error or ''}".strip())
+        detail = f": {job.error}" if job.error else ""
+        super().__init__(f"job {job.job_id} ({job.task}) {job.status}{detail}")
         self.job = job
+        self.error = job.error
 
 
 class JobFailed(JobError):
-    """The job ran out of retries."""
+    """The job ran out of retries (or could not run at all, e.g. an unknown task)."""
 
 
 class JobCancelledError(JobError):
@@ -60,7 +93,7 @@ class InvalidJob(ValueError):
 
 
 class JobNotFound(LookupError):
-    pass
+    """No job has this id (it may have been removed by retention)."""
 
 
 class InvalidTransition(RuntimeError):
@@ -69,7 +102,12 @@ class InvalidTransition(RuntimeError):
 
 @dataclass
 class JobSpec:
-    """One job to enqueue (used by `enqueue_many`)."""
+    """One job to enqueue (used by `enqueue_many`).
+
+    >>> JobSpec("send_email", {"to": "ada@example.com"}, queue="emails", delay=60)
+    JobSpec(task='send_email', payload={'to': 'ada@example.com'}, queue='emails', priority=0, \
+delay=60, run_at=None, max_retries=None)
+    """
 
     task: str
     payload: dict[str, JSON] = field(default_factory=dict)
@@ -80,6 +118,15 @@ class JobSpec:
     max_retries: int | None = None
 
 
+# An escaped NUL in JSON text: `\u0000` preceded by an even number of backslashes (an odd
+# number means the backslash itself was escaped and the text is the harmless "\\u0000").
+_ESCAPED_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _validated(spec: JobSpec, max_bytes: int) -> dict[str, Any]:
     if not isinstance(spec.task, str) or not 1 <= len(spec.task) <= MAX_TASK_NAME:
         raise InvalidJob(f"task name must be a string of 1 to {MAX_TASK_NAME} characters")
@@ -88,33 +135,46 @@ def _validated(spec: JobSpec, max_bytes: int) -> dict[str, Any]:
             f"payload must be a JSON object (a dict), not {type(spec.payload).__name__}"
         )
     try:
-        text = json.dumps(spec.payload, allow_nan=False, separators=(",", ":"))
+        text_ = json.dumps(spec.payload, allow_nan=False, separators=(",", ":"), ensure_ascii=False)
     except (TypeError, ValueError) as exc:
         raise InvalidJob(f"payload is not JSON-serialisable: {exc}") from None
     except RecursionError:
         raise InvalidJob("payload is nested too deeply to be stored as JSON") from None
-    if "\\u0000" in text:
+    if "\\u0000" in text_ and _ESCAPED_NUL.search(text_):
         raise InvalidJob("payload contains a NUL character, which PostgreSQL cannot store")
-    if len(text.encode()) > max_bytes:
+    try:
+        size = len(text_.encode())
+    except UnicodeEncodeError:
         raise InvalidJob(
-            f"payload is {len(text.encode())} bytes; the limit is {max_bytes} "
+            "payload contains text that is not valid Unicode (a lone surrogate)"
+        ) from None
+    if size > max_bytes:
+        raise InvalidJob(
+            f"payload is {size} bytes; the limit is {max_bytes} "
             "(WORKER_MAX_PAYLOAD_BYTES): store large data elsewhere and pass a reference"
         )
     if not isinstance(spec.queue, str) or not 1 <= len(spec.queue) <= 255:
         raise InvalidJob("queue name must be a string of 1 to 255 characters")
     low, high = PRIORITY_RANGE
-    if not isinstance(spec.priority, int) or not low <= spec.priority <= high:
+    if not _is_int(spec.priority) or not low <= spec.priority <= high:
         raise InvalidJob(f"priority must be an integer from {low} to {high}")
-    if spec.max_retries is not None and (
-        not isinstance(spec.max_retries, int) or spec.max_retries < 0
-    ):
+    if spec.max_retries is not None and (not _is_int(spec.max_retries) or spec.max_retries < 0):
         raise InvalidJob("max_retries must be a non-negative integer")
     delay = spec.delay.total_seconds() if isinstance(spec.delay, timedelta) else spec.delay
-    if spec.run_at is not None and spec.run_at.tzinfo is None:
-        raise InvalidJob("run_at must be timezone-aware (e.g. datetime.now(UTC))")
+    if (
+        not isinstance(delay, int | float)
+        or isinstance(delay, bool)
+        or not math.isfinite(delay)
+        or delay < 0
+    ):
+        raise InvalidJob("delay must be a non-negative number of seconds or a timedelta")
+    if spec.run_at is not None and (
+        not isinstance(spec.run_at, datetime) or spec.run_at.tzinfo is None
+    ):
+        raise InvalidJob("run_at must be a timezone-aware datetime (e.g. datetime.now(UTC))")
     return {
         "task": spec.task,
-        "payload": text,
+        "payload": text_,
         "queue": spec.queue,
         "priority": spec.priority,
         "run_at": spec.run_at,
@@ -123,8 +183,28 @@ def _validated(spec: JobSpec, max_bytes: int) -> dict[str, Any]:
     }
 
 
-def _many_params(rows: list[dict[str, Any]]) -> dict[str, list[Any]]:
-    keys = {
+def _as_spec(item: object) -> JobSpec:
+    if isinstance(item, JobSpec):
+        return item
+    if isinstance(item, tuple) and 1 <= len(item) <= 2:
+        return JobSpec(*item)
+    raise InvalidJob(f"expected a JobSpec or a (task, payload) tuple, not {type(item).__name__}")
+
+
+def _prepared_many(
+    jobs: Iterable[JobSpec | tuple[str, dict[str, JSON]]], max_bytes: int
+) -> tuple[list[JobSpec], dict[str, list[Any]]]:
+    """Every job validated before anything is written; the first bad one is named by index."""
+    specs: list[JobSpec] = []
+    rows: list[dict[str, Any]] = []
+    for i, item in enumerate(jobs):
+        try:
+            spec = _as_spec(item)
+            rows.append(_validated(spec, max_bytes))
+        except InvalidJob as exc:
+            raise InvalidJob(f"job {i}: {exc}") from None
+        specs.append(spec)
+    columns = {
         "task": "tasks",
         "payload": "payloads",
         "queue": "queues",
@@ -133,15 +213,195 @@ def _many_params(rows: list[dict[str, Any]]) -> dict[str, list[Any]]:
         "delay": "delays",
         "max_retries": "max_retries",
     }
-    return {plural: [r[key] for r in rows] for key, plural in keys.items()}
+    params = {plural: [r[key] for r in rows] for key, plural in columns.items()}
+    params["ids"] = [str(uuid.uuid4()) for _ in rows]
+    return specs, params
+
+
+@lru_cache(maxsize=8)
+def _portable(statement: str) -> TextClause:
+    """A `%(name)s` statement as a SQLAlchemy text clause, so it runs on the driver of the
+    caller's connection (psycopg or asyncpg): its casts are written `CAST(x AS t)`, which
+    `text()` leaves alone, unlike `::t` after a parameter."""
+    return text(re.sub(r"%\((\w+)\)s", r":\1", statement))
+
+
+def _parse_duration(value: str | float | timedelta) -> timedelta:
+    """A duration: "30s", "15m", "12h", "7d", "2w", a number of seconds or a timedelta."""
+    if isinstance(value, timedelta):
+        age = value
+    elif isinstance(value, int | float) and not isinstance(value, bool):
+        age = timedelta(seconds=value)
+    elif isinstance(value, str):
+        units = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+        match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*", value.lower())
+        if match is None:
+            raise ValueError(f"older_than must look like 30s, 15m, 12h, 7d or 2w, not {value!r}")
+        age = timedelta(seconds=float(match[1]) * units.get(match[2] or "s", 1))
+    else:
+        raise ValueError(f"older_than must be a duration, not {type(value).__name__}")
+    if age < timedelta(0):
+        raise ValueError("older_than must not be negative")
+    return age
+
+
+def _prune_params(
+    older_than: str | float | timedelta, statuses: Iterable[JobStatus | str], batch_size: int
+) -> dict[str, Any]:
+    names: list[str] = []
+    for s in [statuses] if isinstance(statuses, str) else statuses:
+        try:
+            names.append(str(JobStatus(s)))
+        except ValueError:
+            raise ValueError(f"unknown job status {s!r}") from None
+    bad = [s for s in names if s not in TERMINAL_STATUSES]
+    if bad:
+        raise ValueError(
+            f"only finished jobs (completed, failed, cancelled) can be removed, "
+            f"not {', '.join(bad)}"
+        )
+    if not _is_int(batch_size) or batch_size < 1:
+        raise ValueError("batch_size must be a positive integer")
+    return {
+        "statuses": names,
+        "before": datetime.now().astimezone() - _parse_duration(older_than),
+        "batch": batch_size,
+    }
+
+
+# -- waiting --------------------------------------------------------------------------------
+
+
+class _DoneListener:
+    """One `LISTEN worker_done` connection per database, shared by every waiter in the process
+    (threads and event loops alike): a thousand waiters hold one connection, not a thousand.
+
+    A background thread dispatches each notification to the waiters of that job. When its
+    connection drops it wakes every waiter (they recheck their job) and reconnects with
+    backoff; it closes the connection once no one has waited for `LISTEN_LINGER_SECONDS`.
+    """
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.ready = threading.Event()  # set while LISTEN is in place
+        self._lock = threading.Lock()
+        self._waiters: dict[str, dict[int, Callable[[], None]]] = {}
+        self._tokens = itertools.count()
+        self._thread: threading.Thread | None = None
+        self._idle_since: float | None = None
+
+    @contextlib.contextmanager
+    def subscription(self, job_id: str, wake: Callable[[], None]) -> Iterator[None]:
+        """Call `wake` (from the listener thread) whenever `job_id` may have changed."""
+        token = next(self._tokens)
+        with self._lock:
+            self._waiters.setdefault(job_id, {})[token] = wake
+            self._idle_since = None
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="worker-wait-listener", daemon=True
+                )
+                self._thread.start()
+        try:
+            yield
+        finally:
+            with self._lock:
+                waiters = self._waiters.get(job_id)
+                if waiters is not None:
+                    waiters.pop(token, None)
+                    if not waiters:
+                        del self._waiters[job_id]
+
+    def _wake(self, job_id: str | None) -> None:
+        with self._lock:
+            if job_id is None:
+                targets = [w for ws in self._waiters.values() for w in ws.values()]
+            else:
+                targets = list(self._waiters.get(job_id, {}).values())
+        for wake in targets:
+            wake()
+
+    def _retire_if_idle(self) -> bool:
+        with self._lock:
+            if self._waiters:
+                self._idle_since = None
+                return False
+            now = time.monotonic()
+            if self._idle_since is None:
+                self._idle_since = now
+            if now - self._idle_since < LISTEN_LINGER_SECONDS:
+                return False
+            self._thread = None
+            self.ready.clear()
+            return True
+
+    def _run(self) -> None:
+        delay = 0.1
+        while True:
+            try:
+                with psycopg.connect(
+                    self.url, autocommit=True, application_name=LISTENER_NAME
+                ) as conn:
+                    conn.execute("LISTEN worker_done")
+                    self.ready.set()
+                    delay = 0.1
+                    # A job may have finished unheard while we were not listening.
+                    self._wake(None)
+                    while True:
+                        for note in conn.notifies(timeout=1.0):
+                            self._wake(note.payload)
+                        if self._retire_if_idle():
+                            return
+            except Exception as exc:  # any failure: the waiters' rechecks cover for it
+                self.ready.clear()
+                log.debug("wait listener lost (%s); reconnecting", type(exc).__name__)
+                self._wake(None)
+                if self._retire_if_idle():
+                    return
+                time.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
+
+_listeners: dict[str, _DoneListener] = {}
+_listeners_lock = threading.Lock()
+
+
+def _listener(url: str) -> _DoneListener:
+    with _listeners_lock:
+        listener = _listeners.get(url)
+        if listener is None:
+            listener = _listeners[url] = _DoneListener(url)
+        return listener
+
+
+def _forget_listeners() -> None:
+    # A forked child has none of its parent's threads: it must open its own listener.
+    global _listeners_lock
+    _listeners.clear()
+    _listeners_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_listeners)
+
+
+def _left(deadline: float | None) -> float | None:
+    return None if deadline is None else deadline - time.monotonic()
+
+
+def _pause(left: float | None) -> float:
+    return WAIT_RECHECK_SECONDS if left is None else min(left, WAIT_RECHECK_SECONDS)
+
+
+# -- the job handle -------------------------------------------------------------------------
 
 
 @dataclass
 class Job:
-    """A handle on one job, valid in any process.
+    """A handle on one job, valid in any process: from `enqueue(...)` or `Job.get(job_id)`.
 
-    >>> job = Job.get("0b0e…")            # doctest: +SKIP
-    >>> job.refresh().status               # doctest: +SKIP
+    >>> job = Job.get("0b0e3c5e-6f0a-4c8e-9d55-0c1f2b7a9e11")   # doctest: +SKIP
+    >>> job.refresh().status                                      # doctest: +SKIP
     <JobStatus.COMPLETED: 'completed'>
     """
 
@@ -176,17 +436,21 @@ class Job:
 
     @classmethod
     def get(cls, job_id: str | UUID) -> Job:
+        """Read a job by id with the default client (`DATABASE_URL`), in any process.
+
+        >>> Job.get(job_id).wait_sync(timeout=60)     # doctest: +SKIP
+        """
         return default_client().get(job_id)
 
     def _client(self) -> Client:
         if isinstance(self.client, Client):
             return self.client
+        if isinstance(self.client, AsyncClient):
+            return Client(self.client.url)
         return default_client()
 
-    def _async_client(self) -> AsyncClient:
-        if isinstance(self.client, AsyncClient):
-            return self.client
-        return AsyncClient(default_client().url)
+    def _url(self) -> str:
+        return self.client.url if self.client is not None else default_client().url
 
     def _update(self, other: Job) -> Job:
         for name in self.__dataclass_fields__:
@@ -195,8 +459,14 @@ class Job:
         return self
 
     def refresh(self) -> Job:
-        """Re-read the job from the database."""
+        """Re-read the job from the database (blocking); returns the handle itself."""
         return self._update(self._client().get(self.job_id))
+
+    async def _refresh_async(self) -> None:
+        if isinstance(self.client, AsyncClient):
+            self._update(await self.client.get(self.job_id))
+        else:
+            await asyncio.to_thread(self.refresh)
 
     def _outcome(self) -> JSON:
         if self.status == JobStatus.COMPLETED:
@@ -205,56 +475,77 @@ class Job:
             raise JobFailed(self)
         if self.status == JobStatus.CANCELLED:
             raise JobCancelledError(self)
-        return self.result  # timed out: still running, paused or pending
+        return self.result  # timed out: still pending, processing or paused
 
     def wait_sync(self, timeout: float | None = None) -> JSON:
-        """Block until the job completes and return its result.
+        """Block until the job finishes; return its result.
 
-        Raises `JobFailed` / `JobCancelledError` (both `RuntimeError`) if it ended so. On
-        timeout, returns without raising: check `job.status` to tell. Woken by NOTIFY.
+        Raises `JobFailed` or `JobCancelledError` (both `RuntimeError`, carrying the job's
+        error) if it ended so. On timeout, returns without raising and the handle shows the
+        current status: check `job.status`. A paused job is waited on until it is resumed
+        and finishes (or the timeout passes).
+
+        >>> job = enqueue("add", {"a": 1, "b": 2})    # doctest: +SKIP
+        >>> job.wait_sync(timeout=30)                 # doctest: +SKIP
+        3
         """
-        client = self._client()
         deadline = None if timeout is None else time.monotonic() + timeout
-        with psycopg.connect(client.url, autocommit=True) as conn:
-            conn.execute("LISTEN worker_done")
+        client = self._client()
+        listener = _listener(client.url)
+        woken = threading.Event()
+        with listener.subscription(self.job_id, woken.set):
+            # LISTEN before the first read: a finish between the two is then never missed.
+            ready_for = _left(deadline)
+            listener.ready.wait(
+                LISTEN_READY_SECONDS if ready_for is None else min(ready_for, LISTEN_READY_SECONDS)
+            )
             while True:
-                self.refresh()
-                if self.status.is_terminal:
+                woken.clear()
+                self._update(client.get(self.job_id))
+                left = _left(deadline)
+                if self.status.is_terminal or (left is not None and left <= 0):
                     return self._outcome()
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    return self._outcome()
-                wait = WAIT_RECHECK_SECONDS if left is None else min(left, WAIT_RECHECK_SECONDS)
-                for note in conn.notifies(timeout=wait):
-                    if note.payload == self.job_id:
-                        break
+                woken.wait(_pause(left))
 
     async def wait(self, timeout: float | None = None) -> JSON:
-        """The async `wait_sync`: suspends the coroutine instead of blocking the thread."""
-        client = self._async_client()
+        """The async `wait_sync`: suspends the coroutine instead of blocking the thread.
+
+        >>> result = await job.wait(timeout=30)       # doctest: +SKIP
+        """
         deadline = None if timeout is None else time.monotonic() + timeout
-        async with await psycopg.AsyncConnection.connect(client.url, autocommit=True) as conn:
-            await conn.execute("LISTEN worker_done")
+        loop = asyncio.get_running_loop()
+        woken = asyncio.Event()
+
+        def wake() -> None:
+            with contextlib.suppress(RuntimeError):  # the loop closed: its waiter is gone
+                loop.call_soon_threadsafe(woken.set)
+
+        listener = _listener(self._url())
+        with listener.subscription(self.job_id, wake):
+            ready_for = _left(deadline)
+            ready_by = time.monotonic() + (
+                LISTEN_READY_SECONDS if ready_for is None else min(ready_for, LISTEN_READY_SECONDS)
+            )
+            while not listener.ready.is_set() and time.monotonic() < ready_by:
+                await asyncio.sleep(0.01)
             while True:
-                self._update(await client.get(self.job_id))
-                if self.status.is_terminal:
+                woken.clear()
+                await self._refresh_async()
+                left = _left(deadline)
+                if self.status.is_terminal or (left is not None and left <= 0):
                     return self._outcome()
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    return self._outcome()
-                wait = WAIT_RECHECK_SECONDS if left is None else min(left, WAIT_RECHECK_SECONDS)
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(_until_note(conn, self.job_id), wait)
+                    await asyncio.wait_for(woken.wait(), _pause(left))
 
     def cancel(self) -> JobStatus:
-        """Request cancellation (cooperative); returns the status right after the request."""
-        return self._client().cancel(self.job_id)
+        """Request cancellation; returns the status right after the request.
 
-
-async def _until_note(conn: psycopg.AsyncConnection[Any], job_id: str) -> None:
-    async for note in conn.notifies():
-        if note.payload == job_id:
-            return
+        A job that has not started is cancelled at once; a running one stops at its next
+        stage boundary (or when its task checks `ctx.cancelled`), running its cleanup first.
+        """
+        status = self._client().cancel(self.job_id)
+        self.status = status
+        return status
 
 
 def _job_from_row(row: Any, stages: Sequence[Any], client: Client | AsyncClient) -> Job:
@@ -322,25 +613,37 @@ def _cancel_result(job_id: str, row: Any) -> JobStatus:
     return JobStatus(after)
 
 
-def _parse_duration(value: str | float | timedelta) -> timedelta:
-    if isinstance(value, timedelta):
-        return value
-    if isinstance(value, int | float):
-        return timedelta(seconds=value)
-    units = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
-    text = value.strip().lower()
-    if text and text[-1] in units:
-        return timedelta(seconds=float(text[:-1]) * units[text[-1]])
-    return timedelta(seconds=float(text))
+def _new_job(
+    job_id: object, spec: JobSpec, client: Client | AsyncClient, run_at: datetime | None = None
+) -> Job:
+    return Job(
+        job_id=str(job_id),
+        task=spec.task,
+        queue=spec.queue,
+        payload=spec.payload,
+        priority=spec.priority,
+        max_retries=spec.max_retries,
+        run_at=run_at,
+        client=client,
+    )
 
+
+def _rows(result: Result[Any], returning: bool) -> list[Any]:
+    return list(result.all()) if returning else []
+
+
+# -- clients --------------------------------------------------------------------------------
 
 SyncTarget = Connection | Session | None
 AsyncTarget = AsyncConnection | AsyncSession | None
 
 
 class Client:
-    """Blocking client. `connection=` joins the caller's transaction (SQLAlchemy `Connection`
-    or `Session`): the job then exists if and only if that transaction commits.
+    """Blocking client.
+
+    `connection=` joins the caller's transaction (a SQLAlchemy `Connection` or `Session`, on
+    the psycopg or asyncpg driver): the job then exists if and only if that transaction
+    commits, and no worker sees it before.
 
     >>> client = Client()                                       # doctest: +SKIP
     >>> with engine.begin() as conn:                            # doctest: +SKIP
@@ -349,16 +652,30 @@ class Client:
     """
 
     def __init__(self, url: str | None = None) -> None:
-        self.url = url or database_url()
+        self.url = psycopg_url(url) if url else database_url()
         self.engine: Engine = sync_engine(self.url)
+        # Each of our statements is atomic on its own: autocommit spares a BEGIN and a COMMIT
+        # round trip per call.
+        self._autocommit = self.engine.execution_options(isolation_level="AUTOCOMMIT")
         self.max_payload_bytes = get_settings().max_payload_bytes
 
-    def _execute(self, statement: str, params: dict[str, Any], connection: SyncTarget) -> Any:
+    def _run(self, statement: str, params: dict[str, Any]) -> Any:
+        with self._autocommit.connect() as conn:
+            result = conn.exec_driver_sql(statement, params)
+            return result.fetchall() if result.returns_rows else result.rowcount
+
+    def _insert(
+        self, statement: str, params: dict[str, Any], connection: SyncTarget, returning: bool
+    ) -> list[Any]:
         if connection is None:
-            with self.engine.begin() as conn:
-                return conn.exec_driver_sql(statement, params).fetchall()
-        conn = connection.connection() if isinstance(connection, Session) else connection
-        return conn.exec_driver_sql(statement, params).fetchall()
+            with self._autocommit.connect() as conn:
+                return _rows(conn.execute(_portable(statement), params), returning)
+        if isinstance(connection, Session | Connection):
+            return _rows(connection.execute(_portable(statement), params), returning)
+        raise TypeError(
+            "connection= takes a SQLAlchemy Connection or Session "
+            f"(AsyncClient takes the async ones), not {type(connection).__name__}"
+        )
 
     def enqueue(
         self,
@@ -372,28 +689,17 @@ class Client:
         max_retries: int | None = None,
         connection: SyncTarget = None,
     ) -> Job:
-        params = _validated(
-            JobSpec(
-                task,
-                {} if payload is None else payload,
-                queue,
-                priority,
-                delay,
-                run_at,
-                max_retries,
-            ),
-            self.max_payload_bytes,
+        """Enqueue one job; returns its handle. Refused with `InvalidJob` before anything is
+        written if the payload is not a JSON object or an option is out of range.
+
+        >>> client.enqueue("send_email", {"to": "ada@example.com"}, delay=60)  # doctest: +SKIP
+        """
+        spec = JobSpec(
+            task, {} if payload is None else payload, queue, priority, delay, run_at, max_retries
         )
-        (row,) = self._execute(sql.ENQUEUE, params, connection)
-        return Job(
-            job_id=str(row[0]),
-            task=task,
-            queue=queue,
-            payload=payload or {},
-            priority=priority,
-            max_retries=max_retries,
-            client=self,
-        )
+        params = _validated(spec, self.max_payload_bytes)
+        (row,) = self._insert(sql.ENQUEUE, params, connection, True)
+        return _new_job(row[0], spec, self, row[1])
 
     def enqueue_many(
         self,
@@ -401,48 +707,48 @@ class Client:
         *,
         connection: SyncTarget = None,
     ) -> list[Job]:
-        """Insert many jobs in one statement; all are validated first, none written if one
-        is bad. Idle workers are woken once."""
-        specs = [j if isinstance(j, JobSpec) else JobSpec(*j) for j in jobs]
-        rows = []
-        for i, spec in enumerate(specs):
-            try:
-                rows.append(_validated(spec, self.max_payload_bytes))
-            except InvalidJob as exc:
-                raise InvalidJob(f"job {i}: {exc}") from None
-        if not rows:
+        """Insert many jobs in one statement (one round trip); returns their handles in order.
+
+        Every job is validated first: if one is bad, `InvalidJob` names its index and nothing
+        is written. Idle workers are woken once per queue, not once per job.
+
+        >>> client.enqueue_many([JobSpec("resize", {"id": i}) for i in range(50)])  # doctest: +SKIP
+        """
+        specs, params = _prepared_many(jobs, self.max_payload_bytes)
+        if not specs:
             return []
-        ids = self._execute(sql.ENQUEUE_MANY, _many_params(rows), connection)
-        return [
-            Job(job_id=str(r[0]), task=s.task, queue=s.queue, payload=s.payload, client=self)
-            for r, s in zip(ids, specs, strict=True)
-        ]
+        self._insert(sql.ENQUEUE_MANY, params, connection, False)
+        return [_new_job(i, s, self) for i, s in zip(params["ids"], specs, strict=True)]
 
     def get(self, job_id: str | UUID) -> Job:
-        with self.engine.connect() as conn:
-            row = conn.exec_driver_sql(sql.GET_JOB, {"id": str(job_id)}).fetchone()
+        """The job's current state, with its stages; `JobNotFound` if there is no such job."""
+        params = {"id": str(job_id)}
+        with self._autocommit.connect() as conn:
+            row = conn.exec_driver_sql(sql.GET_JOB, params).fetchone()
             if row is None:
                 raise JobNotFound(f"no job {job_id}")
-            stages = conn.exec_driver_sql(sql.GET_STAGES, {"id": str(job_id)}).fetchall()
+            stages = conn.exec_driver_sql(sql.GET_STAGES, params).fetchall()
         return _job_from_row(row, stages, self)
 
     def cancel(self, job_id: str | UUID) -> JobStatus:
         """Cancel a job: at once if it has not started, else at its next stage boundary.
         Returns the status after the request (a finished job's status is returned as is)."""
-        (row,) = self._execute(sql.CANCEL, {"id": str(job_id)}, None)
+        (row,) = self._run(sql.CANCEL, {"id": str(job_id)})
         return _cancel_result(str(job_id), row)
 
     def resume(self, job_id: str | UUID, answer: JSON = None) -> Job:
-        """Answer a paused job's question; it goes back to `pending`."""
-        rows = self._execute(sql.RESUME, {"id": str(job_id), "answer": json.dumps(answer)}, None)
-        if not rows:
+        """Answer a paused job's question; it goes back to `pending`.
+
+        >>> client.resume(job_id, {"approved": True})     # doctest: +SKIP
+        """
+        if not self._run(sql.RESUME, {"id": str(job_id), "answer": json.dumps(answer)}):
             status = self.get(job_id).status
             raise InvalidTransition(f"job {job_id} is {status}, not paused: nothing to resume")
         return self.get(job_id)
 
     def retry(self, job_id: str | UUID) -> Job:
         """Run a failed or cancelled job again, with fresh retries."""
-        if not self._execute(sql.RETRY, {"id": str(job_id)}, None):
+        if not self._run(sql.RETRY, {"id": str(job_id)}):
             status = self.get(job_id).status
             raise InvalidTransition(
                 f"job {job_id} is {status}: only failed or cancelled jobs can be retried"
@@ -455,44 +761,55 @@ class Client:
         statuses: Iterable[JobStatus | str] = TERMINAL_STATUSES,
         batch_size: int = 1000,
     ) -> int:
-        """Delete finished jobs (with their stages and events) in short batches; returns how
-        many were removed."""
-        params = {
-            "statuses": [str(JobStatus(s)) for s in statuses],
-            "before": datetime.now().astimezone() - _parse_duration(older_than),
-            "batch": batch_size,
-        }
-        bad = [s for s in params["statuses"] if s not in TERMINAL_STATUSES]
-        if bad:
-            raise ValueError(f"only finished jobs can be removed, not {', '.join(bad)}")
+        """Delete finished jobs that finished longer ago than `older_than` ("7d", "12h",
+        seconds or a timedelta), with their stages and events. Each batch of `batch_size` is
+        its own short transaction, so no lock is held for long. Returns how many were removed.
+
+        >>> client.cleanup_jobs(older_than="30d", statuses=["completed"])   # doctest: +SKIP
+        1200
+        """
+        params = _prune_params(older_than, statuses, batch_size)
         removed = 0
         while True:
-            with self.engine.begin() as conn:
-                n = conn.exec_driver_sql(sql.PRUNE_BATCH, params).rowcount
+            n: int = self._run(sql.PRUNE_BATCH, params)
             removed += n
             if n < batch_size:
                 return removed
 
 
 class AsyncClient:
-    """The asyncio twin of `Client`, with the same verbs."""
+    """The asyncio twin of `Client`, with the same verbs; `connection=` takes a SQLAlchemy
+    `AsyncConnection` or `AsyncSession` (psycopg or asyncpg).
+
+    >>> client = AsyncClient()                                          # doctest: +SKIP
+    >>> async with async_session.begin() as session:                    # doctest: +SKIP
+    ...     session.add(Order(id=42))
+    ...     await client.enqueue("ship_order", {"order": 42}, connection=session)
+    """
 
     def __init__(self, url: str | None = None) -> None:
-        self.url = url or database_url()
+        self.url = psycopg_url(url) if url else database_url()
         self.engine: AsyncEngine = async_engine(self.url)
+        self._autocommit = self.engine.execution_options(isolation_level="AUTOCOMMIT")
         self.max_payload_bytes = get_settings().max_payload_bytes
 
-    async def _execute(
-        self, statement: str, params: dict[str, Any], connection: AsyncTarget
-    ) -> Any:
+    async def _run(self, statement: str, params: dict[str, Any]) -> Any:
+        async with self._autocommit.connect() as conn:
+            result = await conn.exec_driver_sql(statement, params)
+            return result.fetchall() if result.returns_rows else result.rowcount
+
+    async def _insert(
+        self, statement: str, params: dict[str, Any], connection: AsyncTarget, returning: bool
+    ) -> list[Any]:
         if connection is None:
-            async with self.engine.begin() as conn:
-                return (await conn.exec_driver_sql(statement, params)).fetchall()
-        if isinstance(connection, AsyncSession):
-            conn = await connection.connection()
-        else:
-            conn = connection
-        return (await conn.exec_driver_sql(statement, params)).fetchall()
+            async with self._autocommit.connect() as conn:
+                return _rows(await conn.execute(_portable(statement), params), returning)
+        if isinstance(connection, AsyncSession | AsyncConnection):
+            return _rows(await connection.execute(_portable(statement), params), returning)
+        raise TypeError(
+            "connection= takes a SQLAlchemy AsyncConnection or AsyncSession "
+            f"(Client takes the blocking ones), not {type(connection).__name__}"
+        )
 
     async def enqueue(
         self,
@@ -506,28 +823,13 @@ class AsyncClient:
         max_retries: int | None = None,
         connection: AsyncTarget = None,
     ) -> Job:
-        params = _validated(
-            JobSpec(
-                task,
-                {} if payload is None else payload,
-                queue,
-                priority,
-                delay,
-                run_at,
-                max_retries,
-            ),
-            self.max_payload_bytes,
+        """See `Client.enqueue`."""
+        spec = JobSpec(
+            task, {} if payload is None else payload, queue, priority, delay, run_at, max_retries
         )
-        (row,) = await self._execute(sql.ENQUEUE, params, connection)
-        return Job(
-            job_id=str(row[0]),
-            task=task,
-            queue=queue,
-            payload=payload or {},
-            priority=priority,
-            max_retries=max_retries,
-            client=self,
-        )
+        params = _validated(spec, self.max_payload_bytes)
+        (row,) = await self._insert(sql.ENQUEUE, params, connection, True)
+        return _new_job(row[0], spec, self, row[1])
 
     async def enqueue_many(
         self,
@@ -535,44 +837,38 @@ class AsyncClient:
         *,
         connection: AsyncTarget = None,
     ) -> list[Job]:
-        specs = [j if isinstance(j, JobSpec) else JobSpec(*j) for j in jobs]
-        rows = []
-        for i, spec in enumerate(specs):
-            try:
-                rows.append(_validated(spec, self.max_payload_bytes))
-            except InvalidJob as exc:
-                raise InvalidJob(f"job {i}: {exc}") from None
-        if not rows:
+        """See `Client.enqueue_many`."""
+        specs, params = _prepared_many(jobs, self.max_payload_bytes)
+        if not specs:
             return []
-        ids = await self._execute(sql.ENQUEUE_MANY, _many_params(rows), connection)
-        return [
-            Job(job_id=str(r[0]), task=s.task, queue=s.queue, payload=s.payload, client=self)
-            for r, s in zip(ids, specs, strict=True)
-        ]
+        await self._insert(sql.ENQUEUE_MANY, params, connection, False)
+        return [_new_job(i, s, self) for i, s in zip(params["ids"], specs, strict=True)]
 
     async def get(self, job_id: str | UUID) -> Job:
-        async with self.engine.connect() as conn:
-            row = (await conn.exec_driver_sql(sql.GET_JOB, {"id": str(job_id)})).fetchone()
+        """See `Client.get`."""
+        params = {"id": str(job_id)}
+        async with self._autocommit.connect() as conn:
+            row = (await conn.exec_driver_sql(sql.GET_JOB, params)).fetchone()
             if row is None:
                 raise JobNotFound(f"no job {job_id}")
-            stages = (await conn.exec_driver_sql(sql.GET_STAGES, {"id": str(job_id)})).fetchall()
+            stages = (await conn.exec_driver_sql(sql.GET_STAGES, params)).fetchall()
         return _job_from_row(row, stages, self)
 
     async def cancel(self, job_id: str | UUID) -> JobStatus:
-        (row,) = await self._execute(sql.CANCEL, {"id": str(job_id)}, None)
+        """See `Client.cancel`."""
+        (row,) = await self._run(sql.CANCEL, {"id": str(job_id)})
         return _cancel_result(str(job_id), row)
 
     async def resume(self, job_id: str | UUID, answer: JSON = None) -> Job:
-        rows = await self._execute(
-            sql.RESUME, {"id": str(job_id), "answer": json.dumps(answer)}, None
-        )
-        if not rows:
+        """See `Client.resume`."""
+        if not await self._run(sql.RESUME, {"id": str(job_id), "answer": json.dumps(answer)}):
             status = (await self.get(job_id)).status
             raise InvalidTransition(f"job {job_id} is {status}, not paused: nothing to resume")
         return await self.get(job_id)
 
     async def retry(self, job_id: str | UUID) -> Job:
-        if not await self._execute(sql.RETRY, {"id": str(job_id)}, None):
+        """See `Client.retry`."""
+        if not await self._run(sql.RETRY, {"id": str(job_id)}):
             status = (await self.get(job_id)).status
             raise InvalidTransition(
                 f"job {job_id} is {status}: only failed or cancelled jobs can be retried"
@@ -585,14 +881,21 @@ class AsyncClient:
         statuses: Iterable[JobStatus | str] = TERMINAL_STATUSES,
         batch_size: int = 1000,
     ) -> int:
-        client = Client(self.url)
-        return await asyncio.to_thread(client.cleanup_jobs, older_than, statuses, batch_size)
+        """See `Client.cleanup_jobs`."""
+        params = _prune_params(older_than, statuses, batch_size)
+        removed = 0
+        while True:
+            n: int = await self._run(sql.PRUNE_BATCH, params)
+            removed += n
+            if n < batch_size:
+                return removed
 
 
 _default: Client | None = None
 
 
 def default_client() -> Client:
+    """The process-wide `Client` for `DATABASE_URL` (the embedded server when unset)."""
     global _default
     if _default is None:
         _default = Client()
@@ -602,7 +905,7 @@ def default_client() -> Client:
 def enqueue(task: str, payload: dict[str, JSON] | None = None, **options: Any) -> Job:
     """Enqueue a job with the default client; see `Client.enqueue`.
 
-    >>> job = enqueue("resize_image", {"path": "a.png"}, queue="images", priority=5)  # doctest: +SKIP
+    >>> enqueue("resize_image", {"path": "a.png"}, queue="images", priority=5)  # doctest: +SKIP
     """
     return default_client().enqueue(task, payload, **options)
 
@@ -610,20 +913,25 @@ def enqueue(task: str, payload: dict[str, JSON] | None = None, **options: Any) -
 def enqueue_many(
     jobs: Iterable[JobSpec | tuple[str, dict[str, JSON]]], **options: Any
 ) -> list[Job]:
-    """Enqueue many jobs in one round trip with the default client."""
+    """Enqueue many jobs in one round trip with the default client; see `Client.enqueue_many`.
+
+    >>> enqueue_many([("add", {"a": i, "b": 1}) for i in range(1000)])   # doctest: +SKIP
+    """
     return default_client().enqueue_many(jobs, **options)
 
 
 def cancel(job_id: str | UUID) -> JobStatus:
+    """Cancel a job with the default client; see `Client.cancel`."""
     return default_client().cancel(job_id)
 
 
 def resume(job_id: str | UUID, answer: JSON = None) -> Job:
-    """Resume a paused job with the operator's answer."""
+    """Resume a paused job with the operator's answer; see `Client.resume`."""
     return default_client().resume(job_id, answer)
 
 
 def retry(job_id: str | UUID) -> Job:
+    """Run a failed or cancelled job again; see `Client.retry`."""
     return default_client().retry(job_id)
 
 
@@ -631,5 +939,9 @@ def cleanup_jobs(
     older_than: str | float | timedelta = "7d",
     statuses: Iterable[JobStatus | str] = TERMINAL_STATUSES,
 ) -> int:
-    """Delete finished jobs older than `older_than` ("7d", "12h", seconds or a timedelta)."""
+    """Delete finished jobs older than `older_than`; see `Client.cleanup_jobs`.
+
+    >>> cleanup_jobs(older_than="7d")     # doctest: +SKIP
+    42
+    """
     return default_client().cleanup_jobs(older_than, statuses)

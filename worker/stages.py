@@ -1,12 +1,13 @@
 """Multi-stage jobs: a pipeline of named stages whose outputs are persisted per job.
 
 A retry resumes after the last completed stage: completed stages are never run again, their
-outputs are read back from `worker.job_stages`. Stages with the `ALL_DONE` rule are cleanups:
-they run after every attempt, whether the other stages succeeded, raised or were cancelled,
-and see what those stored. When a worker dies mid-attempt, the cleanup it owed runs when the
-job is next picked up, before the next attempt (or before the job is marked failed or
-cancelled). Cleanups may therefore run more than once for one attempt: write them to be
-idempotent (remove a file that may already be gone, release a lock you may not hold).
+outputs are read back from `worker.job_stages` (written in the statement that marks the stage
+completed). Stages with the `ALL_DONE` rule are cleanups: they run after every attempt,
+whether the other stages succeeded, raised or were cancelled, and see what those stored. When
+a worker dies mid-attempt, the cleanup it owed runs when the job is next picked up, before the
+next attempt (or before the job is marked failed or cancelled). Cleanups may therefore run
+more than once for one attempt: write them to be idempotent (remove a file that may already
+be gone, release a lock you may not hold).
 
     pipeline = Pipeline("export")
 
@@ -14,21 +15,38 @@ idempotent (remove a file that may already be gone, release a lock you may not h
     def extract(ctx):
         return {"rows": 10}
 
-    @pipeline.stage
+    @pipeline.stage(deadline=60)
     def load(ctx):
+        if not ready():
+            ctx.snooze(1.0)         # give the slot back; run this stage again in 1 s
         return {"loaded": ctx.outputs["extract"]["rows"]}
 
     @pipeline.cleanup
     def remove_temp_files(ctx):
         ...
 
-What a pipeline does not do: stages run in order, one at a time (no fan-out), and a stage that
-raises is retried with its whole job, not on its own.
+How an attempt can end, and what follows:
+
+- every stage returned: the job is `completed`, its result the last stage's output;
+- a stage raised: the job is retried from that stage (a `retry`), up to its retry limit;
+- a stage ran past its `deadline`: the job is `failed` at once (`StageDeadlineExceeded`);
+- a cancel was requested: the next stage does not start, the job ends `cancelled`;
+- `ctx.snooze(s)`: the job waits `s` seconds as `pending`, holding no slot, not a retry;
+- `ctx.pause(q)` / `PauseForResolution(q)`: the job is `paused` until `resume(id, answer)`.
+
+Cleanups run after the first four, not after a snooze or a pause (the attempt goes on later).
+
+What a pipeline does not do: stages run in order, one at a time (no fan-out); a stage that
+raises is retried with its whole job, not on its own; a sync stage past its deadline cannot be
+stopped, only told (`ctx.cancelled` turns true) while its thread keeps the job's slot.
 """
 
 from __future__ import annotations
 
+import asyncio
 import inspect
+import logging
+import math
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -50,6 +68,10 @@ from worker.tasks import (
 )
 
 F = TypeVar("F", bound=Callable[..., Any])
+log = logging.getLogger("worker.jobs")
+
+# Stage rows still open: a stage that was running, snoozing or waiting for an answer.
+_OPEN = ("running", "snoozed", "paused")
 
 
 class TriggerRule(StrEnum):
@@ -90,7 +112,7 @@ class StageStore(Protocol):
 
 
 class StageDeadlineExceeded(Exception):
-    """A stage ran (or kept snoozing) past its own deadline."""
+    """A stage ran (or kept snoozing) past its own deadline; the job fails without a retry."""
 
 
 @dataclass
@@ -106,11 +128,28 @@ def _short_error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
+def _stage_error(stage: str, exc: BaseException) -> str:
+    return f"stage {stage} failed: {_short_error(exc)}\n" + "".join(
+        traceback.format_exception(exc, limit=20)
+    )
+
+
 class Pipeline:
     """A task made of stages run in order. Registers itself under `name`.
 
-    `result` picks the job's result from the stage outputs; by default it is the output of the
-    last `ALL_SUCCESS` stage.
+    `result` picks the job's result from the stage outputs (a dict by stage name); by default
+    it is the output of the last `ALL_SUCCESS` stage. `timeout` bounds each claim of the job
+    (all its stages until it finishes, snoozes or pauses); cleanups are not bound by it.
+
+    >>> export = Pipeline("export_report", result=lambda outputs: dict(outputs))
+    >>> @export.stage
+    ... def extract(ctx):
+    ...     return {"rows": 3}
+    >>> @export.cleanup
+    ... def forget(ctx):
+    ...     return "nothing to remove"
+    >>> [(s.name, s.rule.value) for s in export.stages]
+    [('extract', 'all_success'), ('forget', 'all_done')]
     """
 
     def __init__(
@@ -120,6 +159,8 @@ class Pipeline:
         timeout: float | None = None,
         result: Callable[[dict[str, JSON]], JSON] | None = None,
     ) -> None:
+        if not isinstance(name, str) or not name:
+            raise ValueError("a pipeline needs a name: the task name jobs are enqueued with")
         self.name = name
         self.timeout = timeout
         self.stages: list[Stage] = []
@@ -131,6 +172,8 @@ class Pipeline:
     @overload
     def stage(
         self,
+        fn: None = None,
+        /,
         *,
         name: str | None = None,
         rule: TriggerRule = ALL_SUCCESS,
@@ -146,11 +189,28 @@ class Pipeline:
         rule: TriggerRule = ALL_SUCCESS,
         deadline: float | None = None,
     ) -> Any:
-        """Add a stage: a function taking a `Context` and returning a JSON value (its output).
+        """Add a stage: a function (sync or `async`) taking a `Context`, returning a JSON value.
 
-        `deadline`: seconds from the stage's first start (snoozes included) after which it
-        gives up with a clear error.
+        The value is the stage's output, stored with the job and visible to later stages (and
+        cleanups) as `ctx.outputs[name]`. `deadline`: seconds from the stage's first start,
+        snoozes included, after which it gives up and the job fails with a clear error.
+
+        >>> p = Pipeline("stage_doc_example")
+        >>> @p.stage(name="wait_for_export", deadline=30)
+        ... def wait(ctx):
+        ...     return {"ready": True}
+        >>> p.stages[0].deadline
+        30
         """
+        if deadline is not None and (
+            isinstance(deadline, bool)
+            or not isinstance(deadline, int | float)
+            or not math.isfinite(deadline)
+            or deadline <= 0
+        ):
+            raise ValueError(
+                f"a stage deadline must be a positive number of seconds, not {deadline!r}"
+            )
 
         def add(f: Callable[..., Any]) -> Callable[..., Any]:
             stage_name = name or f.__name__
@@ -163,11 +223,23 @@ class Pipeline:
 
         return add(fn) if fn is not None else add
 
-    def cleanup(self, fn: F | None = None, /, *, name: str | None = None) -> Any:
-        """Add an `ALL_DONE` stage: it runs after every attempt, however it ended."""
-        if fn is not None:
-            return self.stage(fn, name=name, rule=ALL_DONE)
-        return self.stage(name=name, rule=ALL_DONE)
+    def cleanup(
+        self, fn: F | None = None, /, *, name: str | None = None, deadline: float | None = None
+    ) -> Any:
+        """Add an `ALL_DONE` stage: it runs after every attempt, however it ended.
+
+        It may run more than once for one attempt (after a lost worker): make it idempotent.
+
+        >>> p = Pipeline("cleanup_doc_example")
+        >>> @p.cleanup
+        ... def remove_scratch_dir(ctx):
+        ...     import shutil
+        ...     shutil.rmtree("/tmp/scratch-" + ctx.job_id, ignore_errors=True)
+        >>> p.cleanups[0].name
+        'remove_scratch_dir'
+        """
+        add = self.stage(name=name, rule=ALL_DONE, deadline=deadline)
+        return add(fn) if fn is not None else add
 
     @property
     def main_stages(self) -> Sequence[Stage]:
@@ -180,7 +252,10 @@ class Pipeline:
     # -- running ----------------------------------------------------------------------------
 
     def _unclean_attempt(self, rows: dict[str, StageRow]) -> int | None:
-        """The latest attempt whose stages ran but whose cleanups did not (all) run."""
+        """The latest attempt whose stages ran but whose cleanups did not (all) run.
+
+        `sql.CANCEL` computes the same thing in SQL; keep the two in step.
+        """
         if not self.cleanups:
             return None
         cleaned = min(
@@ -202,30 +277,61 @@ class Pipeline:
             }
         )
         unclean = self._unclean_attempt(rows)
-        interrupted = any(r.status == "running" for r in rows.values())
+
+        # Stages an earlier attempt left open were cut off with their worker: say so.
+        interrupted = ""
+        for row in rows.values():
+            if row.kind == "stage" and row.status in _OPEN and row.attempt < job.attempt:
+                interrupted = f"the worker running attempt {row.attempt} was lost in {row.stage}"
+                await store.finished(
+                    job.id, row.stage, "failed", error=f"interrupted: {interrupted}"
+                )
+                row.status = "failed"
 
         settled = settled_before_start(job)
         if settled is not None:
-            # Cancelled while pending or paused, or out of attempts after a lost worker: only
-            # the cleanup the last attempt owes is left to do.
+            if settled.kind == "failed" and not job.last_error and interrupted:
+                settled.error = f"out of attempts: {interrupted}"
+            # Cancelled while it waited, or out of attempts after a lost worker: only the
+            # cleanup the last attempt owes is left to do.
+            closing = "cancelled" if settled.kind == "cancelled" else "failed"
+            for row in rows.values():
+                if row.kind == "stage" and row.status in _OPEN:
+                    await store.finished(job.id, row.stage, closing, error=settled.error)
             if unclean is not None:
-                await self._run_cleanups(ctx, store, unclean)
+                errors = await self._run_cleanups(ctx, store, unclean)
+                settled = self._with_cleanup_errors(settled, errors)
             return self._finish(ctx, settled)
-        if interrupted and unclean is not None:
-            # The worker that ran this attempt died (or stopped) mid-stage: clean up after it.
-            await self._run_cleanups(ctx, store, unclean)
+        if unclean is not None and unclean < job.attempt:
+            # The attempt that ran these stages is over (its worker was lost) and never
+            # cleaned up after itself: do it now, before this attempt starts.
+            errors = await self._run_cleanups(ctx, store, unclean)
+            if errors:
+                log.warning(
+                    "job %s: cleanup owed by attempt %d failed (%s); attempt %d goes on",
+                    job.id,
+                    unclean,
+                    "; ".join(errors),
+                    job.attempt,
+                )
 
         outcome = await self._run_stages(ctx, store, rows)
         if outcome.kind in ("snoozed", "paused"):
             return outcome  # the attempt goes on later; nothing to clean up yet
         errors = await self._run_cleanups(ctx, store, job.attempt)
-        if errors:
-            note = "; ".join(errors)
-            if outcome.kind == "completed":
-                outcome = Outcome("retry", error=f"cleanup failed: {note}")
-            else:
-                outcome.error = f"{outcome.error}\n(cleanup also failed: {note})"
-        return self._finish(ctx, outcome)
+        return self._finish(ctx, self._with_cleanup_errors(outcome, errors))
+
+    @staticmethod
+    def _with_cleanup_errors(outcome: Outcome, errors: list[str]) -> Outcome:
+        if not errors:
+            return outcome
+        note = "; ".join(errors)
+        if outcome.kind == "completed":
+            # Every stage is done, so the retry runs the cleanups only.
+            return Outcome("retry", error=f"cleanup failed: {note}")
+        # The original error stays first: it is what went wrong; the cleanup comes after.
+        outcome.error = f"{outcome.error}\n(cleanup also failed: {note})"
+        return outcome
 
     async def _run_stages(
         self, ctx: Context, store: StageStore, rows: dict[str, StageRow]
@@ -236,70 +342,103 @@ class Pipeline:
             row = rows.get(stage.name)
             if row is not None and row.status == "completed":
                 last_output = row.output
-                ctx.emit(stage.name, "skipped", {"reason": "completed in an earlier attempt"})
+                if row.attempt < job.attempt:  # not on every return from a snooze
+                    ctx.emit(stage.name, "skipped", {"reason": "completed in an earlier attempt"})
                 continue
-            if ctx.cancelled:
-                return Outcome("cancelled", error="cancelled")
+            if ctx.cancelled:  # the stage boundary: a cancel request stops the job here
+                return Outcome("cancelled", error=f"cancelled before stage {stage.name}")
             age = await store.started(job.id, stage.name, "stage", job.attempt)
-            ctx.emit(stage.name, "started", {"attempt": job.attempt})
+            if row is None or row.status != "snoozed":
+                ctx.emit(stage.name, "started", {"attempt": job.attempt})
             ctx.step = stage.name
             try:
-                if stage.deadline is not None and age > stage.deadline:
-                    raise StageDeadlineExceeded(
-                        f"stage {stage.name} gave up: still not done {age:.1f} s after it "
-                        f"first started (deadline {stage.deadline} s)"
-                    )
-                output = await call(ctx, stage.fn, stage.is_async, ctx)
+                output = await self._invoke(ctx, stage, age)
                 text = dumps(output)
             except Snooze as snooze:
+                if ctx.cancelled:
+                    await store.finished(job.id, stage.name, "cancelled")
+                    ctx.emit(stage.name, "cancelled")
+                    return Outcome("cancelled", error=f"cancelled during stage {stage.name}")
                 await store.finished(job.id, stage.name, "snoozed")
                 return Outcome("snoozed", delay=snooze.seconds)
             except PauseForResolution as pause:
+                if ctx.cancelled:
+                    await store.finished(job.id, stage.name, "cancelled")
+                    ctx.emit(stage.name, "cancelled")
+                    return Outcome("cancelled", error=f"cancelled during stage {stage.name}")
                 await store.finished(job.id, stage.name, "paused")
                 ctx.emit(stage.name, "paused", {"question": pause.question})
                 return Outcome("paused", result=pause.question)
             except JobCancelled:
                 await store.finished(job.id, stage.name, "cancelled")
                 ctx.emit(stage.name, "cancelled")
-                return Outcome("cancelled", error="cancelled")
+                return Outcome("cancelled", error=f"cancelled during stage {stage.name}")
+            except StageDeadlineExceeded as exc:
+                await store.finished(job.id, stage.name, "failed", error=str(exc))
+                ctx.emit(stage.name, "failed", {"error": _short_error(exc)})
+                return Outcome("failed", error=f"stage {stage.name} failed: {_short_error(exc)}")
             except Exception as exc:
                 await store.finished(
-                    job.id, stage.name, "failed", error=traceback.format_exc(limit=20)
+                    job.id, stage.name, "failed", error=_stage_error(stage.name, exc)
                 )
                 ctx.emit(stage.name, "failed", {"error": _short_error(exc)})
-                return Outcome(
-                    "retry",
-                    error=f"stage {stage.name} failed: {_short_error(exc)}\n"
-                    + traceback.format_exc(limit=20),
-                )
+                return Outcome("retry", error=_stage_error(stage.name, exc))
             finally:
                 ctx.step = ""
             await store.finished(job.id, stage.name, "completed", output=text)
             ctx.emit(stage.name, "completed")
             ctx.outputs[stage.name] = last_output = output
-        result = self._result(ctx.outputs) if self._result else last_output
+        result = self._result(dict(ctx.outputs)) if self._result else last_output
         return Outcome("completed", result=result)
+
+    async def _invoke(self, ctx: Context, stage: Stage, age: float) -> Any:
+        """Run one stage within what is left of its deadline."""
+        if stage.deadline is None:
+            return await call(ctx, stage.fn, stage.is_async, ctx)
+        left = stage.deadline - age
+        if left <= 0:
+            raise StageDeadlineExceeded(
+                f"stage {stage.name} gave up: not done {age:.1f} s after it first started "
+                f"(deadline {stage.deadline} s)"
+            )
+        try:
+            async with asyncio.timeout(left) as limit:
+                return await call(ctx, stage.fn, stage.is_async, ctx)
+        except TimeoutError:
+            if not limit.expired():
+                raise  # the stage's own TimeoutError, not its deadline
+            if not stage.is_async:
+                ctx.cancel_event.set()  # a thread cannot be stopped, only told
+            raise StageDeadlineExceeded(
+                f"stage {stage.name} gave up: still running {stage.deadline} s after it "
+                f"first started (its deadline)"
+            ) from None
 
     async def _run_cleanups(self, ctx: Context, store: StageStore, attempt: int) -> list[str]:
         errors = []
-        for stage in self.cleanups:
-            await store.started(ctx.job.id, stage.name, "cleanup", attempt)
-            ctx.emit(stage.name, "started", {"attempt": attempt})
-            ctx.step = stage.name
-            try:
-                output = await call(ctx, stage.fn, stage.is_async, ctx)
-                text = dumps(output)
-            except Exception as exc:
-                errors.append(f"{stage.name}: {_short_error(exc)}")
-                await store.finished(
-                    ctx.job.id, stage.name, "failed", error=traceback.format_exc(limit=20)
-                )
-                ctx.emit(stage.name, "failed", {"error": _short_error(exc)})
-                continue
-            finally:
-                ctx.step = ""
-            await store.finished(ctx.job.id, stage.name, "completed", output=text)
-            ctx.emit(stage.name, "completed")
+        # Cleanups are not bound by the job's timeout: they must run even after it passed.
+        job_deadline, ctx.deadline = ctx.deadline, None
+        try:
+            for stage in self.cleanups:
+                await store.started(ctx.job.id, stage.name, "cleanup", attempt)
+                ctx.emit(stage.name, "started", {"attempt": attempt})
+                ctx.step = stage.name
+                try:
+                    output = await self._invoke(ctx, stage, 0.0)
+                    text = dumps(output)
+                except Exception as exc:
+                    errors.append(f"{stage.name}: {_short_error(exc)}")
+                    await store.finished(
+                        ctx.job.id, stage.name, "failed", error=_stage_error(stage.name, exc)
+                    )
+                    ctx.emit(stage.name, "failed", {"error": _short_error(exc)})
+                    continue
+                finally:
+                    ctx.step = ""
+                await store.finished(ctx.job.id, stage.name, "completed", output=text)
+                ctx.emit(stage.name, "completed")
+        finally:
+            ctx.deadline = job_deadline
         return errors
 
     def _finish(self, ctx: Context, outcome: Outcome) -> Outcome:

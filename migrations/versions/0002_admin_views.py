@@ -67,18 +67,20 @@ WHERE j.status = 'processing'
 """
 
 # Jobs that ran out of retries in the last 24 hours, newest first, with the last error's
-# final line (usually the exception) beside the full text.
+# first line (`Type: message`; a traceback follows it) beside the full text.
 FAILED_RECENTLY = """
 CREATE VIEW worker.failed_recently AS
 SELECT id, queue, task, retry_count, finished_at,
-       coalesce(substring(error FROM '([^\\n]+)\\n*$'), '') AS error_line,
+       split_part(error, E'\\n', 1) AS error_line,
        error
 FROM worker.jobs
 WHERE status = 'failed' AND finished_at > now() - interval '24 hours'
 ORDER BY finished_at DESC
 """
 
-# Duration of each task's last attempt (claim to finish) over the last hour, slowest first.
+# Duration of each task's last attempt (claim to finish) over the last hour, slowest first, for
+# jobs that completed or failed. The status list repeats jobs_finished_idx's predicate so the
+# planner may use that index; cancelled jobs are then filtered out (a cancel is not a run).
 SLOWEST_TASKS = """
 CREATE VIEW worker.slowest_tasks AS
 SELECT task,

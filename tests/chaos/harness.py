@@ -310,7 +310,7 @@ def verify(url: str, scenario: str, seconds: float, *, all_completed: bool = Tru
     )
     assert not unclean, f"pipelines whose cleanup did not run after their stages: {unclean}"
 
-    (executions, duplicates, most_runs), = query(
+    ((executions, duplicates, most_runs),) = query(
         url,
         """
         SELECT coalesce(sum(runs), 0), coalesce(sum(runs - 1), 0), coalesce(max(runs), 0)
@@ -318,7 +318,7 @@ def verify(url: str, scenario: str, seconds: float, *, all_completed: bool = Tru
               WHERE kind IN ('effect', 'stage:fetch', 'stage:store') GROUP BY job, kind) AS r
         """,
     )
-    (pipelines, cleanups), = query(
+    ((pipelines, cleanups),) = query(
         url,
         "SELECT (SELECT count(*) FROM worker.jobs WHERE task = 'chaos_pipeline'), "
         "(SELECT count(*) FROM chaos_effects WHERE kind = 'cleanup')",

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 from uuid import UUID
 
+import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from worker.daemon.db import Patience, fetch
@@ -61,12 +62,42 @@ class Completer:
             self._ready.clear()
             while self._queue:
                 batch, self._queue = self._queue[:MAX_BATCH], self._queue[MAX_BATCH:]
-                rows = await self._patience.run(
-                    "recording job outcomes", lambda b=batch: self._write(b)
-                )  # type: ignore[misc]
+                try:
+                    rows = await self._patience.run(
+                        "recording job outcomes", lambda b=batch: self._write(b)
+                    )  # type: ignore[misc]
+                except (psycopg.DataError, UnicodeError) as exc:
+                    rows = await self._write_each(batch, exc)
                 if self._on_recorded is not None:
                     self._on_recorded(rows)
             self._idle.set()
+
+    async def _write_each(
+        self, batch: list[tuple[UUID, Outcome]], error: Exception
+    ) -> list[tuple[Any, ...]]:
+        """PostgreSQL refused a batch (a value it cannot store): write its jobs one at a time,
+        a job whose own outcome is refused as `failed` naming why. No outcome is dropped and
+        the flusher keeps running."""
+        log.error("a batch of outcomes was refused (%s); writing them one by one", error)
+        rows: list[tuple[Any, ...]] = []
+        for job_id, outcome in batch:
+
+            async def write(item: tuple[UUID, Outcome]) -> list[tuple[Any, ...]]:
+                return await self._patience.run(
+                    "recording job outcomes", lambda: self._write([item])
+                )
+
+            try:
+                rows += await write((job_id, outcome))
+            except (psycopg.DataError, UnicodeError) as exc:
+                reason = (str(exc).strip().splitlines() or [""])[0]
+                refused = Outcome(
+                    "failed",
+                    error=f"the job's outcome could not be stored: {type(exc).__name__}: "
+                    f"{reason}",
+                )
+                rows += await write((job_id, refused))
+        return rows
 
     async def drain(self) -> None:
         """Wait until everything handed over so far is written."""

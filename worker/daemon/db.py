@@ -1,47 +1,194 @@
-"""The daemon's connections: one pool, and patience when the database goes away."""
+"""The daemon's connections: one pool, and patience when the database goes away.
+
+When PostgreSQL goes away (a restart, a failover, `pg_terminate_backend`, a cut network) every
+statement fails with one of the `TRANSIENT` errors. `Patience` then logs one line naming the
+cause, retries with capped exponential backoff, and logs one line when the database answers
+again; nothing else in the daemon logs the outage above DEBUG. Broken pooled connections are
+dropped on first use and replaced. The pool gives up each reconnection attempt after
+`RECONNECT_WINDOW` seconds, so the next statement starts a fresh attempt at once: left to
+itself, the pool's backoff keeps doubling through a long outage and would leave the worker
+idle for half a minute after the database came back.
+
+What this does not do: it does not tell a dead database from an unreachable one, and it does
+not fail over by itself (point `DATABASE_URL` at a name that follows the primary).
+"""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import psycopg
+from psycopg.conninfo import conninfo_to_dict
+from psycopg.types.json import set_json_loads
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
+
+from worker.logs import fields, scrub
 
 log = logging.getLogger("worker.daemon")
 T = TypeVar("T")
 
 # Errors that mean "the database is not reachable right now", as opposed to a bad statement.
-TRANSIENT = (psycopg.OperationalError, psycopg.InterfaceError, PoolTimeout, OSError)
+# A read-only transaction error is what a demoted primary answers during a failover.
+TRANSIENT = (
+    psycopg.OperationalError,
+    psycopg.InterfaceError,
+    psycopg.errors.ReadOnlySqlTransaction,
+    PoolTimeout,
+    OSError,
+)
+
+POOL_CAP = 16  # connections per worker process, whatever its concurrency
+POOL_WAIT = 5.0  # seconds a statement waits for a pooled connection before it is retried
+RECONNECT_WINDOW = 3.0  # seconds the pool keeps retrying one reconnection before giving up
+
+# libpq options used unless the URL sets its own: a dead host fails a connection attempt in
+# 10 s instead of the system's minutes, and keepalives notice a silently cut connection
+# (no RST, e.g. a failed-over virtual IP) in about a minute.
+CONNECT_DEFAULTS = {
+    "connect_timeout": "10",
+    "keepalives": "1",
+    "keepalives_idle": "30",
+    "keepalives_interval": "10",
+    "keepalives_count": "3",
+}
 
 
-def make_pool(url: str, concurrency: int) -> AsyncConnectionPool:  # type: ignore[type-arg]
-    # The claim loop, the completer and the maintenance duties need one connection each; stage
-    # bookkeeping needs a few more at most. Capped, so 100 workers do not exhaust the server.
-    size = min(3 + max(1, concurrency // 2), 16)
+def pool_size(concurrency: int) -> int:
+    """Connections the daemon's pool may open for a given `WORKER_CONCURRENCY`.
+
+    A running job holds no connection (see `Worker`): the claim loop, the completer and the
+    duties need one each, stage bookkeeping a few more. Capped, so that many busy workers do
+    not exhaust the server's `max_connections`.
+
+    >>> pool_size(1), pool_size(10), pool_size(1000)
+    (4, 8, 16)
+    """
+    return min(3 + max(1, concurrency // 2), POOL_CAP)
+
+
+def connect_options(url: str, application_name: str) -> dict[str, Any]:
+    """Keyword arguments for `psycopg.connect` on top of `url` (whose own options win)."""
+    given = conninfo_to_dict(url)
+    options: dict[str, Any] = {k: v for k, v in CONNECT_DEFAULTS.items() if k not in given}
+    options["fallback_application_name"] = application_name
+    return options
+
+
+class UnreadableJSON:
+    """Stands in for a JSON value this process cannot decode (nested too deeply for Python).
+
+    PostgreSQL accepts JSON nested thousands of levels deep; Python's decoder stops near its
+    recursion limit (about 1000). A job carrying such a value fails with a clear error instead
+    of taking the claim of every other job down with it.
+    """
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+    def __repr__(self) -> str:
+        return f"UnreadableJSON({self.reason!r})"
+
+
+def _loads(data: str | bytes) -> Any:
+    try:
+        return json.loads(data)
+    except RecursionError:
+        return UnreadableJSON("it is nested more deeply than Python's JSON decoder allows")
+
+
+async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:
+    set_json_loads(_loads, conn)
+
+
+class _PoolNoise(logging.Filter):
+    """Keeps the pool's per-attempt connection warnings out of the log, remembering the last
+    connection error so the outage line can name the cause."""
+
+    last_error: str | None = None
+    last_error_at = 0.0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.ERROR:
+            return True
+        if str(record.msg).startswith("error connecting") and len(record.args or ()) >= 2:
+            args = record.args
+            assert isinstance(args, tuple)
+            _PoolNoise.last_error = str(args[1]).strip().splitlines()[0]
+            _PoolNoise.last_error_at = time.monotonic()
+        return False
+
+
+_pool_logger = logging.getLogger("psycopg.pool")
+if not any(isinstance(f, _PoolNoise) for f in _pool_logger.filters):
+    _pool_logger.addFilter(_PoolNoise())
+
+
+def make_pool(url: str, concurrency: int) -> AsyncConnectionPool:
+    size = pool_size(concurrency)
     return AsyncConnectionPool(
         url,
-        min_size=2,
+        min_size=min(2, size),
         max_size=size,
-        kwargs={"autocommit": True},
+        kwargs={"autocommit": True, **connect_options(url, "durable-worker")},
+        configure=_configure,
         open=False,
-        timeout=10.0,
-        reconnect_timeout=float("inf"),
+        timeout=POOL_WAIT,
+        reconnect_timeout=RECONNECT_WINDOW,
         name="worker",
     )
+
+
+def describe(exc: BaseException) -> str:
+    """One line saying why the database could not be used, without secrets."""
+    if isinstance(exc, PoolTimeout):
+        recent = time.monotonic() - _PoolNoise.last_error_at < 60
+        if recent and _PoolNoise.last_error:
+            return f"cannot connect: {scrub(_PoolNoise.last_error)}"
+        return "no connection available in time"
+    lines = str(exc).strip().splitlines()
+    detail = f": {scrub(lines[0])}" if lines else ""
+    return f"{type(exc).__name__}{detail}"
 
 
 class Patience:
     """Retries an operation while the database is unreachable, with capped exponential backoff.
 
-    Logs one line when the database goes away and one when it is back, not one per try.
+    Logs one line when the database goes away and one when it is back, not one per try, however
+    many parts of the daemon are waiting.
     """
 
     def __init__(self, stopping: Callable[[], bool]) -> None:
         self._stopping = stopping
         self.down_since: float | None = None
+
+    def failed(self, what: str, exc: BaseException) -> None:
+        """Note a transient failure (logged on the first one of an outage only)."""
+        if self.down_since is None:
+            self.down_since = time.monotonic()
+            reason = describe(exc)
+            log.warning(
+                "database unreachable (%s, while %s); the worker keeps running and retries "
+                "with backoff",
+                reason,
+                what,
+                extra=fields("database.unreachable", error=reason, during=what),
+            )
+
+    def succeeded(self) -> None:
+        """Note that a statement went through (ends the outage, if there was one)."""
+        if self.down_since is not None:
+            seconds = time.monotonic() - self.down_since
+            log.warning(
+                "database reachable again after %.1f s; resuming",
+                seconds,
+                extra=fields("database.reachable", outage_seconds=round(seconds, 3)),
+            )
+            self.down_since = None
 
     async def run(self, what: str, op: Callable[[], Awaitable[T]], *, forever: bool = True) -> T:
         delay = 0.1
@@ -49,28 +196,63 @@ class Patience:
             try:
                 result = await op()
             except TRANSIENT as exc:
-                loop = asyncio.get_running_loop()
-                if self.down_since is None:
-                    self.down_since = loop.time()
-                    log.warning(
-                        "database unreachable (%s while %s); retrying with backoff",
-                        type(exc).__name__,
-                        what,
-                    )
+                self.failed(what, exc)
                 if not forever or self._stopping():
                     raise
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
                 continue
-            if self.down_since is not None:
-                loop = asyncio.get_running_loop()
-                log.warning("database reachable again after %.1f s", loop.time() - self.down_since)
-                self.down_since = None
+            self.succeeded()
             return result
 
 
+def wait_for_database(url: str, timeout: float | None) -> None:
+    """Block until the database accepts a connection; used before the daemon starts.
+
+    Logs one line when it is unreachable, then retries with backoff. With `timeout`, raises
+    `DatabaseUnreachable` (naming the cause, never the password) after that many seconds.
+    """
+    started = time.monotonic()
+    delay = 0.25
+    warned = False
+    while True:
+        try:
+            with psycopg.connect(url, **connect_options(url, "durable-worker")):
+                if warned:
+                    waited = time.monotonic() - started
+                    log.warning(
+                        "database reachable after %.1f s; starting",
+                        waited,
+                        extra=fields("database.reachable", outage_seconds=round(waited, 3)),
+                    )
+                return
+        except psycopg.OperationalError as exc:
+            reason = describe(exc).removeprefix("OperationalError: ")
+            waited = time.monotonic() - started
+            if timeout is not None and waited >= timeout:
+                raise DatabaseUnreachable(
+                    f"cannot reach the database after {timeout:g} s: {reason}"
+                ) from None
+            if not warned:
+                warned = True
+                bound = f"up to {timeout:g} s" if timeout is not None else "until it answers"
+                log.warning(
+                    "database unreachable (%s); retrying %s",
+                    reason,
+                    bound,
+                    extra=fields("database.unreachable", error=reason, during="starting"),
+                )
+            pause = delay if timeout is None else min(delay, max(timeout - waited, 0.05))
+            time.sleep(pause)
+            delay = min(delay * 2, 5.0)
+
+
+class DatabaseUnreachable(Exception):
+    """The database did not answer within the time the operator allowed (`--connect-timeout`)."""
+
+
 async def fetch(
-    pool: AsyncConnectionPool,  # type: ignore[type-arg]
+    pool: AsyncConnectionPool,
     query: str,
     params: dict[str, Any],
 ) -> list[tuple[Any, ...]]:

@@ -21,6 +21,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from worker.daemon.db import TRANSIENT, fetch
 from worker.db import sql
+from worker.logs import fields
 from worker.models import TERMINAL_STATUSES
 from worker.settings import Settings
 
@@ -53,6 +54,7 @@ class Heartbeat:
                         "worker %s was presumed dead by another worker; its jobs may run "
                         "again elsewhere; registering again",
                         self._id,
+                        extra=fields("worker.reregistered", worker_id=self._id),
                     )
                     await conn.execute(sql.REGISTER_WORKER, self._registration)
                 cur = await conn.execute(
@@ -96,6 +98,7 @@ class Rescuer:
                 job_id,
                 task,
                 queue,
+                extra=fields("job.rescued", job_id=job_id, task=task, queue=queue),
             )
         return len(rows)
 
@@ -139,6 +142,10 @@ class Retention:
                     if cur.rowcount < 1000:
                         break
                 if removed:
-                    log.info("retention removed %d finished jobs", removed)
+                    log.info(
+                        "retention removed %d finished jobs",
+                        removed,
+                        extra=fields("retention.pruned", removed=removed),
+                    )
             except TRANSIENT as exc:
                 log.debug("retention skipped: %s", type(exc).__name__)

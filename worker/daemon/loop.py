@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
+import json
 import logging
 import os
 import socket
@@ -26,10 +28,19 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from worker.daemon.completer import Completer
-from worker.daemon.db import TRANSIENT, Patience, fetch, make_pool
+from worker.daemon.db import (
+    TRANSIENT,
+    Patience,
+    UnreadableJSON,
+    connect_options,
+    fetch,
+    make_pool,
+)
 from worker.daemon.duties import Heartbeat, Rescuer, Retention
+from worker.daemon.stage_writes import StageWrites
 from worker.db import sql
 from worker.events import PostgresBus, ProgressBus
+from worker.logs import fields
 from worker.settings import Settings
 from worker.stages import StageRow
 from worker.tasks import (
@@ -48,6 +59,48 @@ from worker.tasks import (
 log = logging.getLogger("worker.daemon")
 job_log = logging.getLogger("worker.jobs")
 
+# The job whose code runs in the current task. A context variable, not the task's name: a
+# timeout (`asyncio.wait_for` before Python 3.12) runs the job's code in a task of its own.
+_running_job: contextvars.ContextVar[str] = contextvars.ContextVar("running_job", default="")
+
+
+def storable_json(value: Any) -> tuple[str | None, str | None]:
+    """`value` as JSON text PostgreSQL accepts, or (None, why not).
+
+    PostgreSQL's `jsonb` refuses what Python's encoder writes happily: a NUL character and
+    half of a surrogate pair; a value nested thousands deep stops the encoder itself.
+
+    >>> storable_json({"a": [1, 2]})
+    ('{"a":[1,2]}', None)
+    >>> storable_json("a\\x00b")[1]
+    'not storable: it contains a NUL character (\\\\u0000), which PostgreSQL refuses'
+    """
+    try:
+        text = dumps(value)
+    except TypeError as exc:
+        return None, str(exc)
+    except RecursionError:
+        return None, "nested too deeply to be stored as JSON"
+    if "\\u0000" in text:
+        return None, "not storable: it contains a NUL character (\\u0000), which PostgreSQL refuses"
+    if "\\ud" in text or "\\uD" in text:
+        try:
+            json.dumps(json.loads(text), ensure_ascii=False).encode()
+        except UnicodeEncodeError:
+            return None, "not storable: it contains half of a UTF-16 surrogate pair"
+    return text, None
+
+
+def storable_text(text: str) -> str:
+    """`text` as PostgreSQL's `text` accepts it: NUL shown as \\0, lone surrogates escaped."""
+    if "\x00" in text:
+        text = text.replace("\x00", "\\0")
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        text = text.encode("utf-8", "backslashreplace").decode()
+    return text
+
 
 def next_poll_delay(current: float, found_work: bool, poll_min: float, poll_max: float) -> float:
     """Idle polling: back to the minimum on work, else double up to the maximum."""
@@ -60,6 +113,7 @@ class PgStageStore:
     def __init__(self, pool: AsyncConnectionPool, patience: Patience) -> None:  # type: ignore[type-arg]
         self._pool = pool
         self._patience = patience
+        self._writes = StageWrites(pool)  # concurrent jobs' stage writes share one commit
 
     async def load(self, job_id: UUID) -> list[StageRow]:
         rows = await self._patience.run(
@@ -70,7 +124,7 @@ class PgStageStore:
     async def started(self, job_id: UUID, stage: str, kind: str, attempt: int) -> float:
         params = {"job_id": job_id, "stage": stage, "kind": kind, "attempt": attempt}
         rows = await self._patience.run(
-            "recording a stage start", lambda: fetch(self._pool, sql.STAGE_STARTED, params)
+            "recording a stage start", lambda: self._writes.run(sql.STAGE_STARTED, params)
         )
         return float(rows[0][0])
 
@@ -85,7 +139,7 @@ class PgStageStore:
             "error": error,
         }
         await self._patience.run(
-            "recording a stage end", lambda: fetch(self._pool, sql.STAGE_FINISHED, params)
+            "recording a stage end", lambda: self._writes.run(sql.STAGE_FINISHED, params)
         )
 
 
@@ -124,14 +178,21 @@ class Worker:
         self.pool: AsyncConnectionPool = make_pool(url, settings.concurrency)  # type: ignore[type-arg]
         self.store = PgStageStore(self.pool, self._patience)
         self.processed = 0
+        # Outcomes handed to the completer but not written yet: the database still shows these
+        # jobs as ours, and `_release_lost_claims` must not hand them back.
+        self._unwritten: set[UUID] = set()
+        self._claim_uncertain = False
+        # Observers (`worker.metrics`): called on the event loop with each claim's round trip
+        # and job count, and with each batch of recorded outcomes. They must be cheap.
+        self.on_claim: Callable[[float, int], None] | None = None
+        self.on_recorded: Callable[[list[tuple[Any, ...]]], None] | None = None
 
     # -- Runtime, as seen by running jobs ---------------------------------------------------
 
     async def in_thread(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run blocking user code in the pool, counting the thread against its job's slot."""
         loop = asyncio.get_running_loop()
-        current = asyncio.current_task()
-        key = current.get_name().removeprefix("job-") if current else ""
+        key = _running_job.get()
 
         def tracked() -> Any:
             with self._threads_lock:
@@ -151,7 +212,11 @@ class Worker:
 
     def _thread_done(self, key: str) -> None:
         self._stuck.discard(key)
-        log.warning("job %s: its abandoned thread returned at last; slot free again", key)
+        log.warning(
+            "job %s: its abandoned thread returned at last; slot free again",
+            key,
+            extra=fields("job.thread_returned", job_id=key),
+        )
         self._slot_freed.set()
 
     # -- lifecycle --------------------------------------------------------------------------
@@ -163,6 +228,7 @@ class Worker:
                 "worker %s stopping: no new jobs; waiting for %d running",
                 self.id,
                 len(self._inflight),
+                extra=fields("worker.stopping", worker_id=self.id, running=len(self._inflight)),
             )
         self._stop.set()
         self._notified.set()
@@ -204,6 +270,13 @@ class Worker:
             ",".join(self.queues),
             self.concurrency,
             ", ".join(sorted(self.registry)) or "none",
+            extra=fields(
+                "worker.started",
+                worker_id=self.id,
+                queues=self.queues,
+                concurrency=self.concurrency,
+                tasks=sorted(self.registry),
+            ),
         )
         try:
             await self._claim_loop()
@@ -216,7 +289,10 @@ class Worker:
             _, pending = await asyncio.wait(list(self._tasks.values()), timeout=grace)
             if pending:
                 log.warning(
-                    "%d jobs still running after %.1f s; handing them back", len(pending), grace
+                    "%d jobs still running after %.1f s; handing them back",
+                    len(pending),
+                    grace,
+                    extra=fields("worker.handing_back", jobs=len(pending), grace=grace),
                 )
                 for job_id in list(self._tasks):
                     self._inflight[job_id].set()
@@ -238,7 +314,12 @@ class Worker:
         await self.bus.aclose()
         await self.pool.close()
         self._executor.shutdown(wait=False, cancel_futures=True)
-        log.info("worker %s stopped after %d jobs", self.id, self.processed)
+        log.info(
+            "worker %s stopped after %d jobs",
+            self.id,
+            self.processed,
+            extra=fields("worker.stopped", worker_id=self.id, processed=self.processed),
+        )
 
     # -- claiming ---------------------------------------------------------------------------
 
@@ -252,7 +333,10 @@ class Worker:
                 await self._slot_freed.wait()
                 continue
             self._notified.clear()
+            claim_started = time.perf_counter()
             try:
+                if self._claim_uncertain:
+                    await self._release_lost_claims()
                 rows = await fetch(
                     self.pool,
                     sql.CLAIM,
@@ -264,10 +348,17 @@ class Worker:
                     },
                 )
             except TRANSIENT as exc:
-                log.warning("claim failed (%s); retrying in %.1f s", type(exc).__name__, delay)
-                await asyncio.sleep(delay)
+                # The claim may have committed with its answer lost: check before the next one.
+                self._claim_uncertain = True
+                self._patience.failed("claiming jobs", exc)
+                # The listener sets `_notified` when it is back: retry at once then.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._notified.wait(), delay)
                 delay = next_poll_delay(delay, False, s.poll_min, s.poll_max)
                 continue
+            self._patience.succeeded()
+            if self.on_claim is not None:
+                self.on_claim(time.perf_counter() - claim_started, len(rows))
             for row in rows:
                 self._start(ClaimedJob(*row))
             if len(rows) == free:
@@ -282,6 +373,24 @@ class Worker:
                 delay, bool(rows) or self._notified.is_set(), s.poll_min, s.poll_max
             )
 
+    async def _release_lost_claims(self) -> None:
+        """Hand back jobs a claim took whose answer never arrived (the connection broke after
+        the commit): the database shows them as ours, nobody runs them, and our heartbeat would
+        keep the rescuer away from them for as long as this worker lives."""
+        rows = await fetch(self.pool, sql.HELD_JOBS, {"worker_id": self.id})
+        held = {row[0] for row in rows}
+        self._unwritten &= held  # the rest were written, or are no longer ours
+        running = set(self._inflight) | self._stuck
+        lost = [job_id for job_id in held - self._unwritten if str(job_id) not in running]
+        if lost:
+            await fetch(self.pool, sql.RELEASE, {"worker_id": self.id, "ids": lost})
+            log.warning(
+                "%d jobs claimed by a statement whose answer was lost are back to pending",
+                len(lost),
+                extra=fields("claim.lost_released", jobs=len(lost)),
+            )
+        self._claim_uncertain = False
+
     def _start(self, job: ClaimedJob) -> None:
         key = str(job.id)
         cancel = threading.Event()
@@ -289,14 +398,34 @@ class Worker:
             cancel.set()
         self._inflight[key] = cancel
         self._tasks[key] = asyncio.create_task(self._execute(job, cancel), name=f"job-{key}")
-        job_log.debug("job %s (%s) started, attempt %d", key, job.task, job.attempt)
+        if job_log.isEnabledFor(logging.INFO):
+            job_log.info(
+                "job %s (%s) started, attempt %d (queue %s)",
+                key,
+                job.task,
+                job.attempt,
+                job.queue,
+                extra=fields(
+                    "job.started", job_id=key, task=job.task, queue=job.queue, attempt=job.attempt
+                ),
+            )
 
     async def _execute(self, job: ClaimedJob, cancel: threading.Event) -> None:
         key = str(job.id)
+        _running_job.set(key)
         entry = self.registry.get(job.task)
         result_json: str | None = None
         try:
-            if entry is None:
+            unreadable = next(
+                (v for v in (job.payload, job.answer) if isinstance(v, UnreadableJSON)), None
+            )
+            if unreadable is not None:
+                outcome = Outcome(
+                    "failed",
+                    error=f"the job's payload cannot be decoded: {unreadable.reason} (about "
+                    "1000 levels); store it flatter or pass a reference",
+                )
+            elif entry is None:
                 outcome = Outcome(
                     "failed",
                     error=f"no task named {job.task!r} is registered with this worker "
@@ -311,15 +440,14 @@ class Worker:
                     deadline=time.monotonic() + timeout if timeout else None,
                 )
                 outcome = await self._attempt(entry, ctx)
-                if outcome.kind == "completed":
-                    try:
-                        result_json = dumps(outcome.result)
-                    except TypeError as exc:
+                if outcome.kind in ("completed", "paused"):
+                    result_json, problem = storable_json(outcome.result)
+                    if problem is not None:
                         outcome = Outcome(
-                            "failed", error=f"task {job.task} returned a value that is {exc}"
+                            "failed", error=f"task {job.task} returned a value that is {problem}"
                         )
-                elif outcome.kind == "paused":
-                    result_json = dumps(outcome.result)
+            if outcome.error is not None:
+                outcome.error = storable_text(outcome.error)
         except asyncio.CancelledError:
             return  # shutting down: the job is handed back by _shutdown
         finally:
@@ -332,7 +460,9 @@ class Worker:
                     "runs; it keeps its slot until it returns",
                     key,
                     job.task,
+                    extra=fields("job.thread_stuck", job_id=key, task=job.task),
                 )
+        self._unwritten.add(job.id)
         self._inflight.pop(key, None)
         self._completer.add(job.id, outcome, result_json)
         self._slot_freed.set()
@@ -354,18 +484,33 @@ class Worker:
             )
 
     def _recorded(self, rows: list[tuple[Any, ...]]) -> None:
+        for row in rows:
+            self._unwritten.discard(row[0])
         self.processed += len(rows)
+        if self.on_recorded is not None:
+            self.on_recorded(rows)
         if not job_log.isEnabledFor(logging.INFO):
             return
         for job_id, status, task, queue, retry_count, duration, _ in rows:
+            # A job back to pending is a retry after a failed attempt, or a snooze.
+            event = "job.requeued" if status == "pending" else f"job.{status}"
             job_log.info(
-                "job %s %s %s in %.3f s (queue %s, retries %d)",
+                "job %s (%s) %s after %.3f s (queue %s, retries %d)",
                 job_id,
                 task,
-                status,
+                "back to pending" if status == "pending" else status,
                 duration or 0.0,
                 queue,
                 retry_count,
+                extra=fields(
+                    event,
+                    job_id=job_id,
+                    task=task,
+                    queue=queue,
+                    status=status,
+                    duration=round(float(duration or 0.0), 6),
+                    retry_count=retry_count,
+                ),
             )
 
     # -- notifications ----------------------------------------------------------------------
@@ -373,17 +518,29 @@ class Worker:
     def _cancel_requested(self, job_id: str) -> None:
         flag = self._inflight.get(job_id)
         if flag is not None and not flag.is_set():
-            job_log.info("job %s cancel requested", job_id)
+            job_log.info(
+                "job %s cancel requested",
+                job_id,
+                extra=fields("job.cancel_requested", job_id=job_id),
+            )
             flag.set()
 
     async def _listen(self) -> None:
         delay = 0.1
+        lost = False
         while True:
             try:
-                async with await psycopg.AsyncConnection.connect(self.url, autocommit=True) as conn:
+                async with await psycopg.AsyncConnection.connect(
+                    self.url,
+                    autocommit=True,
+                    **connect_options(self.url, "durable-worker-listener"),
+                ) as conn:
                     await conn.execute("LISTEN worker_jobs")
                     await conn.execute("LISTEN worker_cancel")
                     delay = 0.1
+                    if lost:
+                        lost = False
+                        log.info("listener reconnected", extra=fields("listener.reconnected"))
                     self._notified.set()  # anything inserted while we were not listening
                     async for note in conn.notifies():
                         if note.channel == "worker_jobs":
@@ -392,6 +549,12 @@ class Worker:
                         else:
                             self._cancel_requested(note.payload)
             except TRANSIENT as exc:
-                log.debug("listener lost (%s); polling until it is back", type(exc).__name__)
+                if not lost:
+                    lost = True
+                    log.warning(
+                        "listener lost (%s); polling until it is back",
+                        type(exc).__name__,
+                        extra=fields("listener.lost", error=type(exc).__name__),
+                    )
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)

@@ -47,6 +47,10 @@ log = logging.getLogger("worker.events")
 
 CHANNEL = "worker_events"
 READ_LIMIT = 1000
+# Events per INSERT. Building one statement's parameters runs on the worker's event loop:
+# 30,000 events took 1.6 s there, long enough to delay heartbeats past a short lease after
+# the table was locked for a while. A backlog drains in chunks, one per flush interval.
+FLUSH_CHUNK = 2000
 # A follower re-reads at least this often, so a NOTIFY lost during a reconnect costs at most
 # this much delay, never an event.
 FOLLOW_RECHECK_SECONDS = 1.0
@@ -194,7 +198,7 @@ class PostgresBus:
     async def flush(self) -> None:
         """Write what is buffered now. A failed write keeps the batch for the next try."""
         with self._lock:
-            batch = list(self._buffer)
+            batch = list(itertools.islice(self._buffer, FLUSH_CHUNK))
         if not batch:
             return
         if self._conn is None or self._conn.closed:

@@ -1,0 +1,546 @@
+"""The HTTP edge end to end: `worker api` and `worker run` as separate processes, one database.
+
+Events a worker publishes reach the API through PostgreSQL (`worker.job_events` + NOTIFY), so
+these tests also protect the promise that progress crosses processes.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+from conftest import Processes, query, wait_for
+
+from worker import Client
+
+TOKEN = "test-token-3f9a"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Api:
+    """A running `worker api` process and an HTTP client for it."""
+
+    base: str
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+    token: str | None = TOKEN
+
+    def client(self, **kwargs: Any) -> httpx.Client:
+        return httpx.Client(base_url=self.base, timeout=30, **kwargs)
+
+    def auth(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"}
+
+    def log(self) -> str:
+        return self.log_path.read_text()
+
+
+def start_api(
+    env: dict[str, str],
+    processes: Processes,
+    *,
+    token: str | None = TOKEN,
+    host: str = "127.0.0.1",
+    extra: dict[str, str] | None = None,
+) -> Api:
+    """Start `worker api` on a free port; it is killed with the test's other processes."""
+    port = free_port()
+    log_path = processes.tmp_path / f"api-{len(processes.procs)}.log"
+    run_env = {**env, **(extra or {})}
+    if token is not None:
+        run_env["WORKER_API_TOKEN"] = token
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "worker", "api", "--host", host, "--port", str(port)],
+            env=run_env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=processes.tmp_path,
+            start_new_session=True,
+        )
+    proc.log_path = str(log_path)  # type: ignore[attr-defined]
+    processes.procs.append(proc)
+    api = Api(f"http://127.0.0.1:{port}", proc, log_path, token)
+
+    def answering() -> bool:
+        if proc.poll() is not None:
+            raise AssertionError(f"worker api exited with {proc.returncode}:\n{api.log()}")
+        try:
+            return httpx.get(api.base + "/openapi.json", timeout=2).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    wait_for(answering, timeout=60, interval=0.1, message="the API to answer")
+    return api
+
+
+@dataclass
+class Sse:
+    id: int | None
+    event: str
+    data: Any
+    received: float = field(default_factory=time.monotonic)
+
+
+def sse_messages(response: httpx.Response) -> Iterator[Sse]:
+    """Parse a text/event-stream body as it arrives (comments and `retry:` are skipped)."""
+    event_id: int | None = None
+    event = "message"
+    data: list[str] = []
+    for line in response.iter_lines():
+        if line == "":
+            if data:
+                yield Sse(event_id, event, json.loads("\n".join(data)))
+            event_id, event, data = None, "message", []
+        elif line.startswith(":"):
+            continue
+        else:
+            name, _, value = line.partition(":")
+            value = value.removeprefix(" ")
+            if name == "id":
+                event_id = int(value)
+            elif name == "event":
+                event = value
+            elif name == "data":
+                data.append(value)
+
+
+def stored_event_ids(url: str, job_id: str) -> list[int]:
+    rows = query(url, "SELECT id FROM worker.job_events WHERE job_id = %s ORDER BY id", (job_id,))
+    return [int(r[0]) for r in rows]  # type: ignore[call-overload]
+
+
+def status_of(url: str, job_id: str) -> str:
+    return str(query(url, "SELECT status FROM worker.jobs WHERE id = %s", (job_id,))[0][0])
+
+
+WATCHED_SEQUENCE = (
+    [("spawn", "started"), ("spawn", "completed"), ("poll", "started")]
+    + [("poll", "progress")] * 6
+    + [
+        ("poll", "completed"),
+        ("verify", "started"),
+        ("verify", "completed"),
+        ("remove_status_file", "started"),
+        ("remove_status_file", "completed"),
+        ("job", "completed"),
+    ]
+)
+
+
+# -- the live stream -------------------------------------------------------------------------
+
+
+def test_sse_delivers_every_stage_event_of_a_pipeline_live_and_in_order(
+    env, database_url, processes: Processes
+):
+    api = start_api(env, processes)
+    processes.worker(env, "testtasks")
+    with api.client() as http:
+        created = http.post(
+            "/jobs",
+            json={"task": "watched_export", "payload": {"ticks": 6, "tick": 0.4}},
+            headers=api.auth(),
+        )
+        assert created.status_code == 201, created.text
+        job_id = created.json()["id"]
+        messages: list[Sse] = []
+        statuses_while_streaming: list[str] = []
+        with http.stream("GET", f"/jobs/{job_id}/events") as response:
+            assert response.status_code == 200
+            assert response.headers["content-type"].startswith("text/event-stream")
+            for message in sse_messages(response):
+                messages.append(message)
+                if message.event == "message" and message.data["status"] == "progress":
+                    # Seen while the job still runs: delivered live, not replayed at the end.
+                    statuses_while_streaming.append(http.get(f"/jobs/{job_id}").json()["status"])
+    events = [m for m in messages if m.event == "message"]
+    assert [(m.data["step"], m.data["status"]) for m in events] == WATCHED_SEQUENCE
+    ids = [m.id for m in events]
+    assert ids == [m.data["id"] for m in events]
+    assert ids == sorted(ids) and len(set(ids)) == len(ids)
+    assert ids == stored_event_ids(database_url, job_id)
+    pcts = [m.data["message"]["pct"] for m in events if m.data["status"] == "progress"]
+    assert pcts == sorted(pcts) and pcts[-1] == 100
+    assert [m.data["message"]["rows"] for m in events if m.data["status"] == "progress"] == [
+        10,
+        20,
+        30,
+        40,
+        50,
+        60,
+    ]
+    assert statuses_while_streaming[0] == "processing"
+    # The progress events arrived spread over the polling, not in one burst at the end.
+    progress_times = [m.received for m in events if m.data["status"] == "progress"]
+    assert progress_times[-1] - progress_times[0] > 1.0
+    assert messages[-1].event == "end"
+    assert messages[-1].data == {"job_id": job_id, "status": "completed"}
+
+
+def test_reconnect_with_last_event_id_misses_nothing_and_repeats_nothing(
+    env, database_url, processes: Processes
+):
+    api = start_api(env, processes)
+    processes.worker(env, "testtasks")
+    client = Client(database_url)
+    job_id = client.enqueue("watched_export", {"ticks": 10, "tick": 0.3}).job_id
+    with api.client() as http:
+        first: list[Sse] = []
+        with http.stream("GET", f"/jobs/{job_id}/events") as response:
+            for message in sse_messages(response):
+                first.append(message)
+                if sum(m.data["status"] == "progress" for m in first) == 3:
+                    break  # the client goes away mid-job
+        time.sleep(1.0)  # events go on meanwhile
+        second: list[Sse] = []
+        with http.stream(
+            "GET", f"/jobs/{job_id}/events", headers={"Last-Event-ID": str(first[-1].id)}
+        ) as response:
+            assert response.status_code == 200
+            second = list(sse_messages(response))
+        assert second[-1].event == "end"
+        resumed = [m.id for m in first] + [m.id for m in second if m.event == "message"]
+        assert len(resumed) == len(set(resumed)), "an event was repeated"
+        assert resumed == stored_event_ids(database_url, job_id), "an event was missed"
+        # A stream opened after the end replays everything once, then ends.
+        with http.stream("GET", f"/jobs/{job_id}/events") as response:
+            replay = list(sse_messages(response))
+        assert [m.id for m in replay if m.event == "message"] == resumed
+        assert replay[-1].data["status"] == "completed"
+        # The query parameter resumes like the header, for clients that cannot set headers.
+        with http.stream("GET", f"/jobs/{job_id}/events?after={resumed[-3]}") as response:
+            tail = [m.id for m in sse_messages(response) if m.event == "message"]
+        assert tail == resumed[-2:]
+
+
+def test_stream_of_a_plain_task_ends_once_the_job_is_finished(
+    env, database_url, processes: Processes
+):
+    api = start_api(env, processes)
+    processes.worker(env, "testtasks")
+    job_id = Client(database_url).enqueue("counts_up", {"n": 4, "tick": 0.2}).job_id
+    with api.client() as http, http.stream("GET", f"/jobs/{job_id}/events") as response:
+        messages = list(sse_messages(response))
+    progress = [m.data["message"]["i"] for m in messages if m.event == "message"]
+    assert progress == [1, 2, 3, 4]
+    assert messages[-1].event == "end"
+    assert messages[-1].data["status"] == "completed"
+
+
+def test_stream_of_a_job_cancelled_before_it_ran_ends_without_events(
+    env, database_url, processes: Processes
+):
+    api = start_api(env, processes)
+    job_id = Client(database_url).enqueue("add", {"a": 1, "b": 2}).job_id
+    with api.client() as http:
+        cancelled = http.post(f"/jobs/{job_id}/cancel", headers=api.auth())
+        assert cancelled.json()["status"] == "cancelled"
+        started = time.monotonic()
+        with http.stream("GET", f"/jobs/{job_id}/events") as response:
+            messages = list(sse_messages(response))
+    assert [m.event for m in messages] == ["end"]
+    assert messages[0].data["status"] == "cancelled"
+    assert time.monotonic() - started < 20
+
+
+# -- the verbs -----------------------------------------------------------------------------
+
+
+def test_enqueue_get_cancel_retry_and_resume_over_http(env, database_url, processes: Processes):
+    api = start_api(env, processes)
+    with api.client(headers=api.auth()) as http:
+        job = http.post("/jobs", json={"task": "add", "payload": {"a": 2, "b": 3}}).json()
+        assert job["status"] == "pending" and job["payload"] == {"a": 2, "b": 3}
+        assert http.get(f"/jobs/{job['id']}").json()["task"] == "add"
+        # Not started yet: a cancel is final at once, and repeating it changes nothing.
+        assert http.post(f"/jobs/{job['id']}/cancel").json() == {
+            "id": job["id"],
+            "status": "cancelled",
+            "cancel_requested": False,
+        }
+        assert http.post(f"/jobs/{job['id']}/cancel").json()["status"] == "cancelled"
+        assert http.post(f"/jobs/{job['id']}/retry").json()["status"] == "pending"
+        asked = http.post("/jobs", json={"task": "ask", "payload": {"question": "ship?"}}).json()
+        processes.worker(env, "testtasks")
+        wait_for(lambda: status_of(database_url, job["id"]) == "completed", timeout=30)
+        assert http.get(f"/jobs/{job['id']}").json()["result"] == 5
+        wait_for(lambda: status_of(database_url, asked["id"]) == "paused", timeout=30)
+        paused = http.get(f"/jobs/{asked['id']}").json()
+        assert paused["question"] == {"question": "ship?"}
+        resumed = http.post(f"/jobs/{asked['id']}/resume", json={"answer": {"ship": True}})
+        assert resumed.status_code == 200, resumed.text
+        wait_for(lambda: status_of(database_url, asked["id"]) == "completed", timeout=30)
+        assert http.get(f"/jobs/{asked['id']}").json()["result"] == {"answer": {"ship": True}}
+        # Actions the status does not allow are a 409 naming the status.
+        for verb in ("cancel", "retry", "resume"):
+            refused = http.post(f"/jobs/{job['id']}/{verb}")
+            assert refused.status_code == 409, (verb, refused.text)
+            assert "completed" in refused.json()["error"]
+
+
+def test_cancel_of_a_running_pipeline_is_honoured_at_its_next_boundary(
+    env, database_url, processes: Processes
+):
+    api = start_api(env, processes)
+    processes.worker(env, "testtasks")
+    job_id = Client(database_url).enqueue("watched_export", {"ticks": 200, "tick": 0.1}).job_id
+    with api.client(headers=api.auth()) as http:
+        wait_for(
+            lambda: any(
+                s["stage"] == "poll" for s in http.get(f"/jobs/{job_id}").json()["stages"]
+            ),
+            message="the poll stage running",
+        )
+        answer = http.post(f"/jobs/{job_id}/cancel").json()
+        assert answer == {"id": job_id, "status": "processing", "cancel_requested": True}
+        wait_for(lambda: status_of(database_url, job_id) == "cancelled", timeout=30)
+        job = http.get(f"/jobs/{job_id}").json()
+    stages = {s["stage"]: s["status"] for s in job["stages"]}
+    assert stages == {
+        "spawn": "completed",
+        "poll": "cancelled",
+        "remove_status_file": "completed",
+    }
+    assert job["outputs"] == {"spawn": {"ticks": 200}, "remove_status_file": "removed"}
+
+
+def test_list_is_filtered_and_paginated_and_stats_count_per_queue(
+    env, database_url, processes: Processes
+):
+    api = start_api(env, processes)
+    client = Client(database_url)
+    ids = {client.enqueue("add", {"a": i, "b": 0}, queue="emails").job_id for i in range(7)}
+    ids |= {client.enqueue("effect", {"key": str(i)}).job_id for i in range(3)}
+    late = client.enqueue("add", {"a": 1, "b": 1}, queue="emails", delay=3600).job_id
+    Client(database_url).cancel(late)
+    with api.client() as http:
+        seen: list[str] = []
+        cursor = None
+        pages = 0
+        while True:
+            params = {"queue": "emails", "status": "pending", "limit": 3}
+            if cursor:
+                params["cursor"] = cursor
+            page = http.get("/jobs", params=params).json()
+            seen += [j["id"] for j in page["jobs"]]
+            pages += 1
+            cursor = page["next_cursor"]
+            if not cursor:
+                break
+        assert pages == 3
+        assert len(seen) == len(set(seen)) == 7
+        assert set(seen) == {i for i in ids if i in seen} and late not in seen
+        created = [j["created_at"] for j in http.get("/jobs", params={"limit": 500}).json()["jobs"]]
+        assert created == sorted(created, reverse=True) and len(created) == 11
+        by_task = http.get("/jobs", params={"task": "effect"}).json()["jobs"]
+        assert {j["task"] for j in by_task} == {"effect"} and len(by_task) == 3
+        assert http.get("/jobs", params={"status": "cancelled"}).json()["jobs"][0]["id"] == late
+        stats = http.get("/stats").json()
+    queues = {q["queue"]: q for q in stats["queues"]}
+    assert queues["emails"]["counts"]["pending"] == 7
+    assert queues["emails"]["counts"]["cancelled"] == 1
+    assert queues["default"]["counts"]["pending"] == 3
+    assert queues["default"]["counts"]["completed"] == 0
+    assert stats["totals"]["pending"] == 10
+    assert queues["emails"]["oldest_pending_seconds"] >= 0
+    db_age = query(
+        database_url,
+        "SELECT extract(epoch FROM now() - min(run_at)) FROM worker.jobs "
+        "WHERE status = 'pending' AND queue = 'emails'",
+    )[0][0]
+    assert abs(queues["emails"]["oldest_pending_seconds"] - float(db_age)) < 30  # type: ignore[arg-type]
+
+
+def test_healthz_openapi_and_dashboard_are_served(env, processes: Processes):
+    api = start_api(env, processes)
+    with api.client() as http:
+        assert http.get("/healthz").json() == {"status": "ok", "database": "ok"}
+        spec = http.get("/openapi.json").json()
+        page = http.get("/")
+    assert spec["openapi"].startswith("3.")
+    expected = {
+        ("get", "/healthz"),
+        ("get", "/stats"),
+        ("get", "/jobs"),
+        ("post", "/jobs"),
+        ("get", "/jobs/{id}"),
+        ("get", "/jobs/{id}/events"),
+        ("post", "/jobs/{id}/cancel"),
+        ("post", "/jobs/{id}/resume"),
+        ("post", "/jobs/{id}/retry"),
+    }
+    operations = {(m, p) for p, ops in spec["paths"].items() for m in ops}
+    assert expected <= operations
+    for method, path in expected:
+        secured = "security" in spec["paths"][path][method]
+        assert secured == (method == "post"), (method, path)
+    assert "EnqueueBody" in spec["components"]["schemas"]
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    assert "durable-worker" in page.text and "EventSource" in page.text
+    assert "default-src 'self'" in page.headers["content-security-policy"]
+
+
+# -- refusals --------------------------------------------------------------------------------
+
+
+MUTATIONS = [
+    ("/jobs", {"task": "add", "payload": {"a": 1, "b": 1}}),
+    ("/jobs/{id}/cancel", None),
+    ("/jobs/{id}/resume", {"answer": 1}),
+    ("/jobs/{id}/retry", None),
+]
+
+
+def test_mutating_endpoints_refuse_a_missing_or_wrong_token(
+    env, database_url, processes: Processes
+):
+    api = start_api(env, processes)
+    client = Client(database_url)
+    job_id = client.enqueue("add", {"a": 1, "b": 1}).job_id
+    client.cancel(client.enqueue("add", {"a": 1, "b": 1}).job_id)
+    before = query(database_url, "SELECT id, status, cancel_requested FROM worker.jobs ORDER BY id")
+    with api.client() as http:
+        for path, body in MUTATIONS:
+            url = path.format(id=job_id)
+            missing = http.post(url, json=body)
+            assert missing.status_code == 401, (url, missing.text)
+            assert missing.headers["www-authenticate"].startswith("Bearer")
+            assert "bearer token" in missing.json()["error"]
+            for header in ("Bearer wrong-token", "Basic dXNlcjpwYXNz", f"Bearer {TOKEN}x"):
+                wrong = http.post(url, json=body, headers={"Authorization": header})
+                assert wrong.status_code in (401, 403), (url, header, wrong.text)
+            nope = http.post(url, json=body, headers={"Authorization": "Bearer nope"})
+            assert nope.status_code == 403
+        # Reads need no token.
+        assert http.get(f"/jobs/{job_id}").status_code == 200
+        assert http.get("/jobs").status_code == 200
+    after = query(database_url, "SELECT id, status, cancel_requested FROM worker.jobs ORDER BY id")
+    assert after == before, "a refused request changed something"
+
+
+BAD_BODIES = [
+    ("{not json", "not valid JSON"),
+    ("[1, 2]", "expected a JSON object"),
+    ("{}", "task: Field required"),
+    ('{"task": ""}', "task: String should have at least 1 character"),
+    ('{"task": "add", "payload": [1]}', "payload: Input should be an object"),
+    ('{"task": "add", "priority": 1000}', "priority: Input should be less than or equal"),
+    ('{"task": "add", "priority": "5"}', "priority: Input should be a valid integer"),
+    ('{"task": "add", "delay": -1}', "delay: Input should be greater than or equal to 0"),
+    ('{"task": "add", "run_at": "2030-01-01T00:00:00"}', "run_at: Input should have timezone"),
+    ('{"task": "add", "max_retries": -1}', "max_retries"),
+    ('{"task": "add", "colour": "red"}', "colour: Extra inputs are not permitted"),
+    ('{"task": "add", "payload": {"s": "a\\u0000b"}}', "NUL character"),
+]
+
+
+def test_bad_enqueue_bodies_get_422_with_the_reason(env, database_url, processes: Processes):
+    api = start_api(env, processes)
+    with api.client(headers={**api.auth(), "Content-Type": "application/json"}) as http:
+        for body, reason in BAD_BODIES:
+            answer = http.post("/jobs", content=body)
+            assert answer.status_code == 422, (body, answer.text)
+            assert reason in answer.json()["error"], (body, answer.json())
+    assert query(database_url, "SELECT count(*) FROM worker.jobs") == [(0,)]
+
+
+def test_bad_parameters_get_422_and_unknown_jobs_404(env, database_url, processes: Processes):
+    api = start_api(env, processes)
+    job_id = Client(database_url).enqueue("add", {"a": 1, "b": 1}).job_id
+    unknown = str(uuid.uuid4())
+    with api.client(headers=api.auth()) as http:
+        for params, reason in [
+            ({"status": "running"}, "invalid status"),
+            ({"limit": "0"}, "invalid limit"),
+            ({"limit": "many"}, "not an integer"),
+            ({"cursor": "garbage!"}, "invalid cursor"),
+            ({"colour": "red"}, "unknown query parameter: colour"),
+        ]:
+            answer = http.get("/jobs", params=params)
+            assert answer.status_code == 422 and reason in answer.json()["error"], params
+        bad_resume = http.post(f"/jobs/{job_id}/resume", content=b"{oops")
+        assert bad_resume.status_code == 422
+        bad_id = http.get(f"/jobs/{job_id}/events", headers={"Last-Event-ID": "abc"})
+        assert bad_id.status_code == 422 and "Last-Event-ID" in bad_id.json()["error"]
+        for method, path in [
+            ("GET", f"/jobs/{unknown}"),
+            ("GET", f"/jobs/{unknown}/events"),
+            ("POST", f"/jobs/{unknown}/cancel"),
+            ("POST", f"/jobs/{unknown}/resume"),
+            ("POST", f"/jobs/{unknown}/retry"),
+            ("GET", "/jobs/not-a-job-id"),
+            ("GET", "/jobs/not-a-job-id/events"),
+        ]:
+            answer = http.request(method, path)
+            assert answer.status_code == 404, (method, path, answer.text)
+            assert answer.json()["error"].startswith("no job")
+        assert http.get("/no/such/page").status_code == 404
+
+
+def test_api_answers_503_json_while_the_database_is_down(env, processes: Processes):
+    down = f"postgresql://postgres@127.0.0.1:{free_port()}/worker"
+    api = start_api({**env, "DATABASE_URL": down}, processes)
+    job_id = str(uuid.uuid4())
+    with api.client(headers=api.auth()) as http:
+        for method, path in [
+            ("GET", "/healthz"),
+            ("GET", "/stats"),
+            ("GET", "/jobs"),
+            ("GET", f"/jobs/{job_id}"),
+            ("GET", f"/jobs/{job_id}/events"),
+            ("POST", f"/jobs/{job_id}/cancel"),
+        ]:
+            answer = http.request(method, path)
+            assert answer.status_code == 503, (method, path, answer.text)
+            assert answer.json()["error"].startswith("database unavailable"), answer.text
+        created = http.post("/jobs", json={"task": "add"})
+        assert created.status_code == 503 and "database unavailable" in created.json()["error"]
+    assert "Traceback" not in api.log()
+    assert api.proc.poll() is None
+
+
+def test_api_refuses_to_start_on_a_public_address_without_a_token(env, tmp_path):
+    base = {k: v for k, v in env.items() if k != "WORKER_API_TOKEN"}
+    port = free_port()
+    for host in ("0.0.0.0", "::", "example.org"):
+        done = subprocess.run(
+            [sys.executable, "-m", "worker", "api", "--host", host, "--port", str(port)],
+            env=base,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=tmp_path,
+        )
+        assert done.returncode == 2, (host, done.stdout, done.stderr)
+        assert "WORKER_API_TOKEN is not set" in done.stderr
+        assert "Traceback" not in done.stderr
+
+
+def test_api_serves_a_public_address_with_a_token_and_loopback_without(
+    env, processes: Processes
+):
+    public = start_api(env, processes, host="0.0.0.0")
+    with public.client() as http:
+        assert http.get("/healthz").status_code == 200
+        assert http.post("/jobs", json={"task": "add"}).status_code == 401
+    local = start_api(env, processes, token=None)
+    with local.client() as http:
+        # No token configured (loopback only): actions need none.
+        created = http.post("/jobs", json={"task": "add", "payload": {"a": 1, "b": 2}})
+        assert created.status_code == 201, created.text

@@ -1,0 +1,28 @@
+"""`worker bench`: measures on the user's database, then leaves no job of its own behind."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from conftest import query
+
+
+def test_bench_reports_every_measurement_and_deletes_its_jobs(env, database_url):
+    query(database_url, "INSERT INTO worker.jobs (task, payload) VALUES ('users_job', '{}')")
+    proc = subprocess.run(
+        [sys.executable, "-m", "worker", "bench", "--jobs", "300", "--single", "50"]
+        + ["--latency-jobs", "20"],
+        env={**env, "COLUMNS": "200"},
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode == 0, proc.stderr
+    for name in ("enqueue, 1 job per call", "enqueue_many", "drain, concurrency 10", "latency"):
+        assert name in proc.stdout
+    assert "jobs/s" in proc.stdout and "p99" in proc.stdout
+    assert "removed the 370 jobs of queue bench-" in proc.stderr
+    # Only the user's job is left, untouched; the bench's worker deregistered itself.
+    assert query(database_url, "SELECT task, status FROM worker.jobs") == [("users_job", "pending")]
+    assert query(database_url, "SELECT count(*) FROM worker.workers") == [(0,)]

@@ -1,0 +1,460 @@
+"""The `worker` program against a real PostgreSQL: every operator's verb, its --json output,
+and its errors (one red line, exit code 1; usage errors exit code 2; never a traceback)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import typer
+from conftest import ROOT, Processes, query, wait_for
+from typer.main import get_command
+from typer.testing import CliRunner
+
+from worker import Client, cli
+from worker.settings import get_settings
+
+Invoke = Callable[..., Any]
+
+
+@pytest.fixture
+def worker_cli(database_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Invoke]:
+    """Runs `worker ARGS...` in this process against this test's database; checks the exit
+    code and returns the result (`.stdout`, `.stderr`)."""
+    for name in list(os.environ):
+        if name.startswith("WORKER_"):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("DATABASE_URL", database_url)
+    monkeypatch.setattr(cli.out, "width", 250)  # tables unsqueezed, so cells can be checked
+    get_settings.cache_clear()
+    runner = CliRunner()
+
+    def invoke(*args: str, code: int = 0) -> Any:
+        result = runner.invoke(cli.app, list(args))
+        assert result.exit_code == code, (result.stdout, result.stderr, result.exception)
+        assert "Traceback" not in result.stderr
+        return result
+
+    yield invoke
+    get_settings.cache_clear()
+
+
+def as_json(result: Any) -> Any:
+    return json.loads(result.stdout)
+
+
+def ids(rows: list[dict[str, Any]]) -> list[str]:
+    return [row["id"] for row in rows]
+
+
+def insert_job(url: str, **columns: Any) -> str:
+    """One job row exactly as given (timestamps as SQL expressions, e.g. now() - '2h')."""
+    columns.setdefault("task", "add")
+    names = ", ".join(columns)
+    values = ", ".join(
+        str(v)[4:] if str(v).startswith("sql:") else f"'{v}'" for v in columns.values()
+    )
+    (row,) = query(url, f"INSERT INTO worker.jobs ({names}) VALUES ({values}) RETURNING id::text")
+    return str(row[0])
+
+
+# -- jobs --------------------------------------------------------------------------------------
+
+
+def test_jobs_lists_newest_first_and_filters_by_status_queue_task_and_age(database_url, worker_cli):
+    url = database_url
+    old = insert_job(
+        url,
+        task="send",
+        queue="emails",
+        status="failed",
+        error="boom\ntrace",
+        created_at="sql:now() - interval '3 days'",
+        finished_at="sql:now()",
+    )
+    mid = insert_job(url, task="send", queue="emails", created_at="sql:now() - interval '2 hours'")
+    new = insert_job(
+        url, task="resize", queue="images", created_at="sql:now() - interval '1 minute'"
+    )
+
+    assert ids(as_json(worker_cli("jobs", "--json"))) == [new, mid, old]
+    assert ids(as_json(worker_cli("jobs", "--status", "failed", "--json"))) == [old]
+    assert ids(as_json(worker_cli("jobs", "--queue", "emails", "--json"))) == [mid, old]
+    assert ids(as_json(worker_cli("jobs", "--task", "resize", "--json"))) == [new]
+    assert ids(as_json(worker_cli("jobs", "--older-than", "1h", "--json"))) == [mid, old]
+    assert ids(as_json(worker_cli("jobs", "--newer-than", "1d", "--json"))) == [new, mid]
+    assert ids(
+        as_json(worker_cli("jobs", "--older-than", "1h", "--newer-than", "1d", "--json"))
+    ) == [mid]
+    assert as_json(worker_cli("jobs", "--task", "nothing", "--json")) == []
+
+    (failed,) = as_json(worker_cli("jobs", "--status", "failed", "--json"))
+    assert failed["error"] == "boom"  # the first line; `show` has the whole text
+    assert failed["queue"] == "emails" and failed["retry_count"] == 0
+
+    table = worker_cli("jobs").stdout
+    assert table.index(new) < table.index(mid) < table.index(old)
+    assert "page 1: 3 jobs" in table
+
+
+def test_jobs_pages_do_not_overlap_and_say_when_more_follow(database_url, worker_cli):
+    for i in range(5):
+        insert_job(database_url, created_at=f"sql:now() - interval '{i} minutes'")
+    everything = ids(as_json(worker_cli("jobs", "--json")))
+    pages = [
+        ids(as_json(worker_cli("jobs", "--limit", "2", "--page", str(p), "--json")))
+        for p in (1, 2, 3, 4)
+    ]
+    assert pages == [everything[0:2], everything[2:4], everything[4:5], []]
+    assert "more with --page 2" in worker_cli("jobs", "--limit", "2").stdout
+    assert "more with" not in worker_cli("jobs", "--limit", "2", "--page", "3").stdout
+    assert "no jobs match on page 4" in worker_cli("jobs", "--limit", "2", "--page", "4").stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--older-than", "3x"), "'3x' is not an age"),
+        (("--newer-than", "-5m"), "'-5m' is not an age"),
+        (("--status", "running"), "'running' is not one of"),
+        (("--limit", "0"), "--limit"),
+        (("--page", "0"), "--page"),
+    ],
+)
+def test_jobs_bad_filters_are_usage_errors(worker_cli, args, message):
+    result = worker_cli("jobs", *args, code=2)
+    assert message in result.stderr
+
+
+# -- show --------------------------------------------------------------------------------------
+
+
+def test_show_gives_payload_stages_outputs_retries_and_events(
+    env, database_url, processes: Processes, worker_cli
+):
+    processes.worker(env, "testtasks")
+    client = Client(database_url)
+    job = client.enqueue("counted", {"fail_second_until": 1})
+    job.wait_sync(timeout=30)
+    plain = client.enqueue("counts_up", {"n": 3, "tick": 0.01})
+    plain.wait_sync(timeout=30)
+
+    data = as_json(worker_cli("show", job.id, "--json"))
+    assert data["status"] == "completed" and data["retry_count"] == 1
+    assert data["payload"] == {"fail_second_until": 1}
+    stages = {s["stage"]: s for s in data["stages"]}
+    assert stages["third"]["output"] == {"n": 3} and stages["third"]["status"] == "completed"
+    assert stages["second"]["attempt"] == 2
+    assert stages["tidy"]["kind"] == "cleanup" and stages["tidy"]["output"] == "tidied"
+
+    events = as_json(worker_cli("show", plain.id, "--json"))["events"]
+    progress = [e["message"] for e in events if e["status"] == "progress"]
+    assert [m["i"] for m in progress] == [1, 2, 3]
+    assert [e["id"] for e in events] == sorted(e["id"] for e in events)
+
+    text = worker_cli("show", job.id).stdout
+    for expected in (
+        "counted",
+        "completed",
+        "1 of 3",
+        '{"fail_second_until": 1}',
+        "stages",
+        "third",
+        '{"n": 3}',
+        "tidied",
+    ):
+        assert expected in text
+    assert "events" in worker_cli("show", plain.id).stdout
+    limited = as_json(worker_cli("show", plain.id, "--json", "--events", "2"))["events"]
+    assert [e["id"] for e in limited] == [e["id"] for e in events][-2:]
+
+
+def test_show_of_a_failed_job_gives_its_retry_count_and_last_error(
+    env, database_url, processes, worker_cli
+):
+    processes.worker(env, "testtasks")
+    job = Client(database_url).enqueue("always_fails", {"key": "k"}, max_retries=2)
+    wait_for(lambda: job.refresh().status == "failed", timeout=30, message="job failed")
+    data = as_json(worker_cli("show", job.id, "--json"))
+    assert data["retry_count"] == 2 and data["max_retries"] == 2
+    assert data["error"].startswith("RuntimeError: this task always fails")
+    text = worker_cli("show", job.id).stdout
+    assert "2 of 2" in text and "last error" in text and "this task always fails" in text
+
+
+def test_show_errors(worker_cli):
+    missing = str(uuid.uuid4())
+    assert worker_cli("show", missing, code=1).stderr.strip() == f"error: no job {missing}"
+    assert "'nope' is not a job id" in worker_cli("show", "nope", code=2).stderr
+
+
+# -- retry -------------------------------------------------------------------------------------
+
+
+def test_retry_puts_a_failed_job_back_and_refuses_a_completed_one(database_url, worker_cli):
+    failed = insert_job(
+        database_url, status="failed", retry_count=3, error="boom", finished_at="sql:now()"
+    )
+    done = insert_job(database_url, status="completed", finished_at="sql:now()")
+    assert f"job {failed} is pending again" in worker_cli("retry", failed).stdout
+    assert query(
+        database_url, "SELECT status, retry_count, error FROM worker.jobs WHERE id = %s", (failed,)
+    ) == [("pending", 0, None)]
+    result = worker_cli("retry", done, code=1)
+    assert "only failed or cancelled jobs can be retried" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_bulk_retry_moves_exactly_the_matching_jobs_in_batches(database_url, worker_cli):
+    url = database_url
+    query(
+        url,
+        """
+        INSERT INTO worker.jobs (task, queue, status, retry_count, error, finished_at)
+        SELECT 'send', CASE WHEN i % 2 = 0 THEN 'a' ELSE 'b' END, 'failed', 3, 'boom', now()
+        FROM generate_series(1, 2500) AS i""",
+    )
+    other_task = insert_job(url, task="resize", status="failed", finished_at="sql:now()")
+    cancelled = insert_job(url, task="send", status="cancelled", finished_at="sql:now()")
+    completed = insert_job(url, task="send", status="completed", finished_at="sql:now()")
+
+    result = worker_cli("retry", "--all", "--task", "send", "--status", "failed")
+    assert "2500 jobs back to pending (a: 1250, b: 1250)" in result.stdout
+    assert "retrying failed jobs" in result.stderr  # the progress bar, on stderr
+    assert query(
+        url,
+        "SELECT status, retry_count, error IS NULL, count(*) FROM worker.jobs "
+        "WHERE task = 'send' GROUP BY 1, 2, 3 ORDER BY 1",
+    ) == [("cancelled", 0, True, 1), ("completed", 0, True, 1), ("pending", 0, True, 2500)]
+    assert query(
+        url,
+        "SELECT status FROM worker.jobs WHERE id IN (%s, %s) ORDER BY status",
+        (other_task, cancelled),
+    ) == [("cancelled",), ("failed",)]
+    assert completed
+
+    result = worker_cli("retry", "--all", "--status", "cancelled", "--queue", "default")
+    assert "1 jobs back to pending (default: 1)" in result.stdout
+    assert "no failed jobs match" in worker_cli("retry", "--all", "--task", "send").stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ((), "give a job id, or --all"),
+        ((str(uuid.UUID(int=1)), "--all"), "not both"),
+        ((str(uuid.UUID(int=1)), "--task", "send"), "not both"),
+        (("--all", "--status", "completed"), "'completed' is not one of"),
+    ],
+)
+def test_retry_usage_errors(worker_cli, args, message):
+    assert message in worker_cli("retry", *args, code=2).stderr
+
+
+# -- stats -------------------------------------------------------------------------------------
+
+
+def test_stats_reports_each_queue(database_url, worker_cli):
+    url = database_url
+    for _ in range(2):
+        insert_job(url, queue="emails", run_at="sql:now() - interval '2 minutes'")
+    insert_job(url, queue="emails", run_at="sql:now() + interval '1 hour'")
+    insert_job(url, queue="emails", status="processing", started_at="sql:now()")
+    insert_job(url, queue="emails", status="paused")
+    for _ in range(2):
+        insert_job(url, queue="emails", status="failed", finished_at="sql:now()")
+    insert_job(url, queue="emails", status="failed", finished_at="sql:now() - interval '2 hours'")
+    for _ in range(3):
+        insert_job(url, queue="reports", status="completed", finished_at="sql:now()")
+    insert_job(
+        url, queue="reports", status="completed", finished_at="sql:now() - interval '10 minutes'"
+    )
+
+    emails, reports = as_json(worker_cli("stats", "--json"))
+    oldest = emails.pop("oldest_pending_seconds")
+    assert 100 < oldest < 600
+    assert emails == {
+        "queue": "emails",
+        "pending": 3,
+        "scheduled": 1,
+        "processing": 1,
+        "paused": 1,
+        "failed_last_hour": 2,
+        "completed_last_minute": 0,
+    }
+    assert reports == {
+        "queue": "reports",
+        "pending": 0,
+        "scheduled": 0,
+        "processing": 0,
+        "paused": 0,
+        "failed_last_hour": 0,
+        "oldest_pending_seconds": 0.0,
+        "completed_last_minute": 3,
+    }
+    table = worker_cli("stats").stdout
+    assert "emails" in table and "reports" in table and "2m" in table
+
+
+def test_stats_on_an_idle_database_says_so(worker_cli):
+    assert as_json(worker_cli("stats", "--json")) == []
+    assert "no jobs pending" in worker_cli("stats").stdout
+
+
+# -- workers -----------------------------------------------------------------------------------
+
+
+def test_workers_lists_live_workers_with_their_jobs_and_flags_late_ones(
+    env, database_url, processes, worker_cli
+):
+    proc = processes.worker(env, "testtasks")
+    job = Client(database_url).enqueue("effect", {"key": "slow", "sleep": 30})
+    wait_for(lambda: job.refresh().status == "processing", timeout=30, message="processing")
+    late = str(uuid.uuid4())
+    query(
+        database_url,
+        "INSERT INTO worker.workers (id, hostname, pid, queues, concurrency, "
+        "heartbeat_at) VALUES (%s, 'gone-host', 4242, '{default}', 5, now() - interval '1 hour')",
+        (late,),
+    )
+
+    listed = {w["id"]: w for w in as_json(worker_cli("workers", "--json"))}
+    assert len(listed) == 2
+    (live,) = [w for w in listed.values() if w["id"] != late]
+    assert live["pid"] == proc.pid and live["alive"] is True
+    assert live["jobs"] == [job.id] and live["queues"] == ["default"]
+    assert live["heartbeat_age_seconds"] < 15
+    assert listed[late]["alive"] is False and listed[late]["jobs"] == []
+
+    table = worker_cli("workers").stdout
+    assert "alive" in table and "late" in table and "gone-host" in table and "1/10" in table
+
+
+def test_workers_when_none_run(worker_cli):
+    assert as_json(worker_cli("workers", "--json")) == []
+    assert "no workers registered" in worker_cli("workers").stdout
+
+
+# -- prune -------------------------------------------------------------------------------------
+
+
+def test_prune_deletes_old_finished_jobs_only_with_a_progress_bar(database_url, worker_cli):
+    url = database_url
+    query(
+        url,
+        """
+        INSERT INTO worker.jobs (task, status, finished_at)
+        SELECT 'add', (ARRAY['completed', 'failed', 'cancelled'])[1 + i % 3],
+               now() - interval '10 days'
+        FROM generate_series(1, 2500) AS i""",
+    )
+    recent = insert_job(url, status="completed", finished_at="sql:now() - interval '1 day'")
+    waiting = insert_job(url, created_at="sql:now() - interval '30 days'")
+
+    result = worker_cli("prune", "--older-than", "7d")
+    assert "removed 2500 finished jobs" in result.stdout
+    assert "pruning finished jobs" in result.stderr
+    remaining = {r[0] for r in query(url, "SELECT id::text FROM worker.jobs")}
+    assert remaining == {recent, waiting}
+    assert "removed 0 finished jobs" in worker_cli("prune").stdout
+    assert "not an age" in worker_cli("prune", "--older-than", "soon", code=2).stderr
+
+
+# -- the other verbs ---------------------------------------------------------------------------
+
+
+def test_enqueue_cancel_resume_round_trip(env, database_url, processes, worker_cli):
+    job_id = worker_cli(
+        "enqueue", "add", "--payload", '{"a": 2, "b": 3}', "--queue", "later", "--delay", "3600"
+    ).stdout.strip()
+    assert query(
+        database_url,
+        "SELECT task, queue, payload, status FROM worker.jobs WHERE id = %s",
+        (job_id,),
+    ) == [("add", "later", {"a": 2, "b": 3}, "pending")]
+    assert f"job {job_id} cancelled" in worker_cli("cancel", job_id).stdout
+    assert query(database_url, "SELECT status FROM worker.jobs WHERE id = %s", (job_id,)) == [
+        ("cancelled",)
+    ]
+
+    processes.worker(env, "testtasks")
+    asked = Client(database_url).enqueue("ask", {"question": "ship it?"})
+    wait_for(lambda: asked.refresh().status == "paused", timeout=30, message="paused")
+    assert "resumed" in worker_cli("resume", asked.id, "--answer", '{"ok": true}').stdout
+    assert asked.wait_sync(timeout=30) == {"answer": {"ok": True}}
+    assert "not paused" in worker_cli("resume", asked.id, code=1).stderr
+    assert "not valid JSON" in worker_cli("resume", asked.id, "--answer", "{no", code=1).stderr
+    result = worker_cli(
+        "enqueue", "add", "--payload", '{"a": 1, "b": 1}', "--wait", "--timeout", "30"
+    )
+    assert result.stdout.strip().splitlines()[-1] == "2"
+
+
+def test_migrate_creates_the_schema_and_prints_sql(empty_database_url, monkeypatch, worker_cli):
+    monkeypatch.setenv("DATABASE_URL", empty_database_url)
+    get_settings.cache_clear()
+    assert "up to date" in worker_cli("migrate").stdout
+    assert query(empty_database_url, "SELECT to_regclass('worker.queue_stats')::text") == [
+        ("worker.queue_stats",)
+    ]
+    sql_text = worker_cli("migrate", "--sql").stdout
+    assert "CREATE VIEW worker.queue_stats" in sql_text and "CREATE TABLE worker.jobs" in sql_text
+
+
+def test_every_command_has_an_example_in_its_help():
+    group = get_command(cli.app)
+    assert isinstance(group, typer.core.TyperGroup)
+    commands: list[tuple[str, Any]] = []
+    for name, command in group.commands.items():
+        if isinstance(command, typer.core.TyperGroup):
+            commands += [(f"{name} {sub}", c) for sub, c in command.commands.items()]
+        else:
+            commands.append((name, command))
+    assert {"jobs", "show", "retry", "stats", "workers", "prune", "db start"} <= dict(
+        commands
+    ).keys()
+
+    def example(help_text: str | None) -> str:
+        lines = [line.strip() for line in (help_text or "").splitlines()]
+        return next((line for line in lines if line.startswith("Example:")), "")
+
+    missing = [name for name, command in commands if f"worker {name}" not in example(command.help)]
+    assert missing == []
+
+
+# -- errors through the real entry point -------------------------------------------------------
+
+
+def test_errors_are_one_red_line_with_the_right_exit_code(empty_database_url, env):
+    closed = "postgresql://app:s3cret@127.0.0.1:9/app"
+    cases = [
+        ({"DATABASE_URL": closed}, ["stats"], 1, "cannot reach the database"),
+        ({"DATABASE_URL": empty_database_url}, ["jobs"], 1, "run `worker migrate` first"),
+        ({}, ["jobs", "--limit", "0"], 2, "Invalid value for '--limit'"),
+        ({}, ["show", "nope"], 2, "'nope' is not a job id"),
+        ({}, ["nosuch"], 2, "No such command 'nosuch'"),
+        ({"WORKER_LEASE_SECONDS": "-1"}, ["workers"], 2, "WORKER_LEASE_SECONDS"),
+    ]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "worker", *args],
+            env={**env, **extra},
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for extra, args, _, _ in cases
+    ]
+    for proc, (_, args, code, message) in zip(procs, cases, strict=True):
+        stdout, stderr = proc.communicate(timeout=120)
+        assert proc.returncode == code, (args, stderr)
+        assert stderr.count("\n") == 1 and stderr.startswith("error: "), (args, stderr)
+        assert message in stderr, (args, stderr)
+        assert "s3cret" not in stderr and stdout == ""

@@ -1,0 +1,283 @@
+"""Hostile and bad input: oversized and deeply nested payloads, absurd task names, bytes
+PostgreSQL cannot store, rows out of range, bad settings, an unreachable database, task results
+that are not JSON. Each is refused with a clear error naming the problem, or handled; none
+crashes a worker or loses a job.
+
+Documented limits: a payload is at most `WORKER_MAX_PAYLOAD_BYTES` (default 1,000,000) when
+enqueued through the client; JSON nested deeper than about 1,000 levels cannot be decoded by
+Python, so the client refuses it and a worker fails such a job (inserted by SQL) with a clear
+error; a task name is 1 to 255 characters (a CHECK constraint).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+import time
+
+import psycopg
+import pytest
+from chaos.harness import wait_until, worker_env
+from conftest import Processes, query
+
+from worker import Client, InvalidJob
+
+TASKS = "chaos.faulttasks"
+
+
+def deep(depth: int) -> dict[str, object]:
+    value: object = []
+    for _ in range(depth):
+        value = [value]
+    return {"deep": value}
+
+
+def cli(*args: str, env: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "worker", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=tempfile.gettempdir(),  # no stray .env file is read
+    )
+
+
+def one_error_line(proc: subprocess.CompletedProcess[str]) -> str:
+    """The program's error output: exactly one line, and no traceback."""
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    return lines[0]
+
+
+def status_of(url: str, job_id: str) -> tuple[str, object, str | None]:
+    row = query(url, "SELECT status, result, error FROM worker.jobs WHERE id = %s", (job_id,))[0]
+    return str(row[0]), row[1], row[2]
+
+
+def insert(url: str, task: str, payload: str = "{}") -> str:
+    return str(
+        query(
+            url,
+            "INSERT INTO worker.jobs (task, payload, max_retries) VALUES (%s, %s::jsonb, 0) "
+            "RETURNING id::text",
+            (task, payload),
+        )[0][0]
+    )
+
+
+def finished(url: str, job_id: str) -> bool:
+    return status_of(url, job_id)[0] in ("completed", "failed", "cancelled")
+
+
+# -- payloads and task names ------------------------------------------------------------------
+
+
+def test_ten_megabyte_payload_is_refused_by_the_client_naming_the_limit(database_url):
+    with pytest.raises(InvalidJob, match=r"payload is 100000\d\d bytes; the limit is 1000000 "):
+        Client(database_url).enqueue("echo", {"blob": "x" * 10_000_000})
+    assert query(database_url, "SELECT count(*) FROM worker.jobs") == [(0,)]
+
+
+def test_payload_nested_ten_thousand_deep_is_refused_by_the_client(database_url):
+    with pytest.raises(InvalidJob, match="nested too deeply"):
+        Client(database_url).enqueue("echo", deep(10_000))
+    assert query(database_url, "SELECT count(*) FROM worker.jobs") == [(0,)]
+
+
+def test_worker_handles_oversized_and_deeply_nested_payloads_inserted_by_sql(
+    database_url, processes: Processes
+):
+    """SQL bypasses the client's checks. A 10 MB payload still runs; a payload nested 10,000
+    deep (PostgreSQL accepts it) fails with a clear error instead of taking the worker down,
+    and the jobs around it run normally."""
+    url = database_url
+    big = insert(url, "echo", json.dumps({"blob": "x" * 10_000_000}))
+    nested = insert(url, "echo", '{"deep": ' + "[" * 10_000 + "]" * 10_000 + "}")
+    after = insert(url, "echo", '{"a": 1, "b": 2}')
+    proc = processes.worker(worker_env(url), TASKS)
+    for job_id in (big, nested, after):
+        wait_until(lambda j=job_id: finished(url, j), 60, f"job {job_id}")
+    assert status_of(url, big)[:2] == ("completed", 1)
+    assert status_of(url, after)[:2] == ("completed", 2)
+    state, _, error = status_of(url, nested)
+    assert state == "failed"
+    assert "payload cannot be decoded: it is nested more deeply than" in str(error)
+    assert proc.poll() is None and "Traceback" not in processes.log(proc)
+
+
+def test_task_name_of_ten_thousand_characters_is_refused_everywhere(database_url, env):
+    name = "t" * 10_000
+    with pytest.raises(InvalidJob, match="task name must be a string of 1 to 255 characters"):
+        Client(database_url).enqueue(name, {})
+    with pytest.raises(psycopg.errors.CheckViolation, match="jobs_task_name_length"):
+        query(database_url, "INSERT INTO worker.jobs (task) VALUES (%s)", (name,))
+    proc = cli("enqueue", name, env=env)
+    assert proc.returncode == 1
+    assert "task name must be a string of 1 to 255 characters" in one_error_line(proc)
+    assert query(database_url, "SELECT count(*) FROM worker.jobs") == [(0,)]
+
+
+# -- rows PostgreSQL refuses ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("statement", "params", "error", "message"),
+    [
+        (
+            "INSERT INTO worker.jobs (task) VALUES (convert_from('\\xff'::bytea, 'UTF8'))",
+            None,
+            psycopg.errors.CharacterNotInRepertoire,
+            'invalid byte sequence for encoding "UTF8": 0xff',
+        ),
+        (
+            "INSERT INTO worker.jobs (task) VALUES (E'nul\\x00here')",
+            None,
+            psycopg.errors.CharacterNotInRepertoire,
+            'invalid byte sequence for encoding "UTF8": 0x00',
+        ),
+        (
+            "INSERT INTO worker.jobs (task, payload) VALUES ('echo', '{\"k\": \"\\u0000\"}')",
+            None,
+            psycopg.errors.UntranslatableCharacter,
+            "unsupported Unicode escape sequence",
+        ),
+        (
+            # psycopg refuses before sending: text parameters cannot carry NUL.
+            "INSERT INTO worker.jobs (task) VALUES (%s)",
+            ("nul\x00here",),
+            psycopg.DataError,
+            "PostgreSQL text fields cannot contain NUL",
+        ),
+    ],
+    ids=["invalid-utf8", "nul-in-text", "nul-in-jsonb", "nul-parameter"],
+)
+def test_invalid_utf8_and_nul_bytes_are_refused_by_postgresql(
+    database_url, statement, params, error, message
+):
+    with pytest.raises(error, match=message):
+        query(database_url, statement, params)
+    assert query(database_url, "SELECT count(*) FROM worker.jobs") == [(0,)]
+
+
+@pytest.mark.parametrize(
+    ("columns", "values", "constraint"),
+    [
+        ("task, status", "'echo', 'running'", "jobs_status_valid"),
+        ("task, status", "'echo', 'PENDING'", "jobs_status_valid"),
+        ("task, priority", "'echo', 101", "jobs_priority_range"),
+        ("task, priority", "'echo', -101", "jobs_priority_range"),
+        ("task, retry_count", "'echo', -1", "jobs_retry_count_positive"),
+        ("task, max_retries", "'echo', -1", "jobs_max_retries_positive"),
+        ("task", "''", "jobs_task_name_length"),
+        ("task, queue", "'echo', ''", "jobs_queue_name_length"),
+        ("task, payload", "'echo', '[1, 2]'", "jobs_payload_is_object"),
+    ],
+)
+def test_rows_out_of_range_are_refused_by_the_database(database_url, columns, values, constraint):
+    with pytest.raises(psycopg.errors.CheckViolation, match=constraint):
+        query(database_url, f"INSERT INTO worker.jobs ({columns}) VALUES ({values})")
+    assert query(database_url, "SELECT count(*) FROM worker.jobs") == [(0,)]
+
+
+def test_priority_beyond_smallint_and_an_update_to_a_bad_status_are_refused(database_url):
+    with pytest.raises(psycopg.errors.NumericValueOutOfRange):
+        query(database_url, "INSERT INTO worker.jobs (task, priority) VALUES ('echo', 70000)")
+    job_id = insert(database_url, "echo")
+    with pytest.raises(psycopg.errors.CheckViolation, match="jobs_status_valid"):
+        query(database_url, "UPDATE worker.jobs SET status = 'done' WHERE id = %s", (job_id,))
+    assert status_of(database_url, job_id)[0] == "pending"
+
+
+# -- settings and the database at start -------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("mysql://app:hunter2@db/app", "must look like postgresql://"),
+        ("postgresql://app:hunter2@db:port/app", "has a port that is not a number"),
+        ("postgresql://app:hunter2@db:5432", "must name a database"),
+        ("not a url at all", "must look like postgresql://"),
+    ],
+)
+def test_malformed_database_url_exits_2_with_one_line_naming_the_variable(env, url, message):
+    for args in (("run", TASKS), ("enqueue", "echo")):
+        proc = cli(*args, env={**env, "DATABASE_URL": url})
+        assert proc.returncode == 2, proc.stderr
+        line = one_error_line(proc)
+        assert "DATABASE_URL" in line and message in line, line
+        assert "hunter2" not in proc.stderr + proc.stdout
+
+
+@pytest.mark.parametrize(
+    ("settings", "variable"),
+    [
+        ({"WORKER_CONCURRENCY": "-1"}, "WORKER_CONCURRENCY"),
+        ({"WORKER_CONCURRENCY": "0"}, "WORKER_CONCURRENCY"),
+        ({"WORKER_POLL_MIN": "-0.5"}, "WORKER_POLL_MIN"),
+        ({"WORKER_POLL_MIN": "5", "WORKER_POLL_MAX": "1"}, "WORKER_POLL_MIN"),
+        ({"WORKER_LEASE_SECONDS": "soon"}, "WORKER_LEASE_SECONDS"),
+        ({"WORKER_MAX_RETRIES": "-3"}, "WORKER_MAX_RETRIES"),
+        ({"WORKER_TASK_TIMEOUT": "0"}, "WORKER_TASK_TIMEOUT"),
+        ({"WORKER_MAX_PAYLOAD_BYTES": "-1"}, "WORKER_MAX_PAYLOAD_BYTES"),
+    ],
+)
+def test_bad_settings_exit_2_with_one_line_naming_the_variable(env, settings, variable):
+    proc = cli("run", TASKS, env={**env, **settings})
+    assert proc.returncode == 2, proc.stderr
+    assert variable in one_error_line(proc)
+
+
+def test_unreachable_database_at_start_exits_after_the_connect_timeout(env):
+    url = "postgresql://app:hunter2@127.0.0.1:9/app"  # port 9 (discard): nothing listens
+    started = time.monotonic()
+    proc = cli("run", TASKS, "--connect-timeout", "2", env={**env, "DATABASE_URL": url})
+    took = time.monotonic() - started
+    assert proc.returncode == 1, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    # One warning when it first fails (it retries meanwhile), then the error that ends it.
+    assert "database unreachable" in lines[0] and "retrying up to 2 s" in lines[0], lines
+    assert lines[-1].startswith("error: cannot reach the database after 2 s:"), lines
+    assert len(lines) == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert "hunter2" not in proc.stderr + proc.stdout
+    assert 2 <= took < 30
+
+
+# -- results that are not JSON ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("task", "message"),
+    [
+        ("returns_nan", "returned a value that is not JSON-serialisable"),
+        ("returns_nul", "it contains a NUL character"),
+        ("returns_surrogate", "half of a UTF-16 surrogate pair"),
+        ("returns_deep", "nested too deeply to be stored as JSON"),
+    ],
+)
+def test_task_returning_a_value_that_cannot_be_stored_fails_with_a_clear_error(
+    database_url, processes, task, message
+):
+    url = database_url
+    proc = processes.worker(worker_env(url), TASKS)
+    bad = insert(url, task)
+    good = insert(url, "echo", '{"still": "works"}')
+    wait_until(lambda: finished(url, bad) and finished(url, good), 60, "both jobs")
+    state, _, error = status_of(url, bad)
+    assert state == "failed" and message in str(error), error
+    assert status_of(url, good)[:2] == ("completed", 1)
+    assert proc.poll() is None and "Traceback" not in processes.log(proc)
+
+
+def test_error_message_with_a_nul_byte_is_stored_readably(database_url, processes):
+    url = database_url
+    processes.worker(worker_env(url), TASKS)
+    job_id = insert(url, "raises_nul")
+    wait_until(lambda: finished(url, job_id), 60, "the job")
+    state, _, error = status_of(url, job_id)
+    assert state == "failed"
+    assert "an error message with a NUL \\0 inside" in str(error)

@@ -1,0 +1,166 @@
+"""Logs: one structured line per job transition and per daemon event; JSON lines with
+WORKER_LOG_FORMAT=json (checked on a real worker process), text otherwise."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from conftest import Processes, query, wait_for
+
+from worker import Client
+from worker.logs import configure, fields
+
+JSON_ENV = {"WORKER_LOG_FORMAT": "json"}
+
+
+def json_lines(processes: Processes, proc: Any) -> list[dict[str, Any]]:
+    """Every line the worker wrote, each parsed as JSON (a line that is not JSON fails)."""
+    return [json.loads(line) for line in processes.log(proc).splitlines() if line.strip()]
+
+
+def events_of(lines: list[dict[str, Any]], job_id: str) -> list[str]:
+    return [line["event"] for line in lines if line.get("job_id") == job_id]
+
+
+def test_worker_logs_each_job_transition_and_its_lifecycle_as_json(
+    env, database_url, processes: Processes
+):
+    proc = processes.worker(env, "testtasks", extra=JSON_ENV)
+    client = Client(database_url)
+    done = client.enqueue("add", {"a": 1, "b": 2})
+    flaky = client.enqueue("fails_then_succeeds", {"key": "f", "failures": 1})
+    doomed = client.enqueue("always_fails", {"key": "d"}, max_retries=0)
+    asking = client.enqueue("ask", {})
+    slow = client.enqueue("counted", {"second_sleep": 3})
+    done.wait_sync(timeout=30)
+    flaky.wait_sync(timeout=30)
+    wait_for(lambda: doomed.refresh().status == "failed", timeout=30, message="failed")
+    wait_for(lambda: asking.refresh().status == "paused", timeout=30, message="paused")
+    wait_for(lambda: slow.refresh().status == "processing", timeout=30, message="processing")
+    client.cancel(slow.id)
+    wait_for(lambda: slow.refresh().status == "cancelled", timeout=30, message="cancelled")
+    os.killpg(proc.pid, signal.SIGTERM)
+    assert proc.wait(timeout=60) == 0
+
+    lines = json_lines(processes, proc)
+    for line in lines:
+        assert {"ts", "level", "logger", "message"} <= line.keys(), line
+    assert events_of(lines, done.id) == ["job.started", "job.completed"]
+    assert events_of(lines, flaky.id) == [
+        "job.started",
+        "job.requeued",
+        "job.started",
+        "job.completed",
+    ]
+    assert events_of(lines, doomed.id) == ["job.started", "job.failed"]
+    assert events_of(lines, asking.id) == ["job.started", "job.paused"]
+    assert events_of(lines, slow.id) == ["job.started", "job.cancel_requested", "job.cancelled"]
+
+    (completed,) = [
+        line for line in lines if line.get("job_id") == done.id and line["event"] == "job.completed"
+    ]
+    assert completed["task"] == "add" and completed["queue"] == "default"
+    assert completed["status"] == "completed" and completed["retry_count"] == 0
+    assert isinstance(completed["duration"], float) and completed["level"] == "info"
+    assert done.id in completed["message"] and completed["logger"] == "worker.jobs"
+    (requeued,) = [
+        line for line in lines if line.get("job_id") == flaky.id and line["event"] == "job.requeued"
+    ]
+    assert requeued["status"] == "pending" and requeued["retry_count"] == 1
+
+    lifecycle = [line for line in lines if line.get("event", "").startswith("worker.")]
+    assert [line["event"] for line in lifecycle] == [
+        "worker.started",
+        "worker.stopping",
+        "worker.stopped",
+    ]
+    started, _, stopped = lifecycle
+    assert started["queues"] == ["default"] and started["concurrency"] == 10
+    assert "counted" in started["tasks"] and started["worker_id"] == stopped["worker_id"]
+    assert stopped["processed"] >= 6
+
+
+def test_rescue_and_reconnect_are_logged_as_events(env, database_url, processes):
+    # A worker that died holding a job: its heartbeat is old and its job still processing.
+    dead = str(uuid.uuid4())
+    query(
+        database_url,
+        "INSERT INTO worker.workers (id, hostname, pid, queues, concurrency, "
+        "heartbeat_at) VALUES (%s, 'gone', 1, '{default}', 1, now() - interval '1 hour')",
+        (dead,),
+    )
+    (orphan,) = query(
+        database_url,
+        "INSERT INTO worker.jobs (task, payload, status, worker_id, "
+        "started_at) VALUES ('add', '{\"a\": 1, \"b\": 1}', 'processing', %s, now()) "
+        "RETURNING id::text",
+        (dead,),
+    )[0]
+    proc = processes.worker(env, "testtasks", extra=JSON_ENV)
+
+    def logged(event: str) -> list[dict[str, Any]]:
+        return [line for line in json_lines(processes, proc) if line.get("event") == event]
+
+    (rescued,) = wait_for(lambda: logged("job.rescued"), timeout=60, message="a rescue line")
+    assert (
+        rescued["job_id"] == orphan and rescued["task"] == "add" and rescued["level"] == "warning"
+    )
+    wait_for(lambda: Client(database_url).get(orphan).status == "completed", timeout=30)
+
+    # Every connection of the worker cut at once, as a database restart would.
+    query(
+        database_url,
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+        "WHERE datname = current_database() AND pid <> pg_backend_pid()",
+    )
+    wait_for(lambda: logged("listener.reconnected"), timeout=60, message="a reconnect line")
+    (lost,) = logged("listener.lost")
+    assert lost["level"] == "warning" and lost["error"]
+    assert Client(database_url).enqueue("add", {"a": 2, "b": 2}).wait_sync(timeout=30) == 4
+
+
+@pytest.fixture
+def worker_logger(capsys: pytest.CaptureFixture[str]) -> Iterator[logging.Logger]:
+    root, base = logging.getLogger("worker"), logging.getLogger()
+    saved = (root.handlers[:], root.level, root.propagate, base.handlers[:])
+    yield logging.getLogger("worker.jobs")
+    root.handlers[:], root.level, root.propagate, base.handlers[:] = saved
+
+
+def test_text_lines_for_people_and_json_lines_for_machines_never_show_a_password(
+    worker_logger, capsys
+):
+    url = "postgresql://app:s3cret@db:5432/app"
+    extra = fields("db.unreachable", during="connecting", url=url)
+    configure("INFO", "text")
+    worker_logger.warning("cannot reach %s", url, extra=extra)
+    text = capsys.readouterr().err.strip()
+    assert text.endswith("WARNING worker.jobs: cannot reach postgresql://app:***@db:5432/app")
+    assert not text.startswith("{")
+
+    configure("INFO", "json")
+    worker_logger.warning("cannot reach %s", url, extra=extra)
+    worker_logger.debug("below the level")
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    entry = json.loads(line)
+    assert entry["event"] == "db.unreachable" and entry["during"] == "connecting"
+    assert entry["message"] == "cannot reach postgresql://app:***@db:5432/app"
+    assert entry["url"] == "postgresql://app:***@db:5432/app"
+    assert "s3cret" not in line
+
+    logging.getLogger("psycopg.pool").error("a library's error")
+    assert json.loads(capsys.readouterr().err)["message"] == "a library's error"
+
+
+def test_event_fields_never_overwrite_the_standard_keys(worker_logger, capsys):
+    configure("INFO", "json")
+    worker_logger.info("hello", extra=fields("x.y", message="spoof", level="spoof", n=1))
+    entry = json.loads(capsys.readouterr().err)
+    assert entry["message"] == "hello" and entry["level"] == "info" and entry["n"] == 1

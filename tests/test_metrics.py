@@ -1,0 +1,153 @@
+"""Prometheus metrics: a worker's endpoint after real jobs ran, and the API's ASGI app."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import urllib.request
+from typing import Any
+
+import httpx
+from conftest import Processes, query, wait_for
+from prometheus_client.parser import text_string_to_metric_families
+
+from worker import Client, metrics
+
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def parse(text: str) -> Samples:
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def scrape(port: int) -> Samples:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+            return parse(response.read().decode())
+    except OSError:
+        return {}
+
+
+def value(samples: Samples, name: str, **labels: str) -> float | None:
+    return samples.get((name, tuple(sorted(labels.items()))))
+
+
+def test_worker_serves_the_documented_series_after_jobs_ran(env, database_url, processes):
+    port = free_port()
+    processes.worker(env, "testtasks", extra={"WORKER_METRICS_PORT": str(port)})
+    client = Client(database_url)
+    for i in range(3):
+        assert client.enqueue("add", {"a": i, "b": 1}).wait_sync(timeout=30) == i + 1
+    failing = client.enqueue("always_fails", {}, max_retries=0)
+    asking = client.enqueue("ask", {})
+    wait_for(lambda: failing.refresh().status == "failed", timeout=30, message="failed")
+    wait_for(lambda: asking.refresh().status == "paused", timeout=30, message="paused")
+    # A queue nobody serves: one job waiting since 30 s, one due tomorrow.
+    query(
+        database_url,
+        "INSERT INTO worker.jobs (task, queue, run_at) VALUES "
+        "('add', 'idle', now() - interval '30 seconds'), ('add', 'idle', now() + interval '1 day')",
+    )
+
+    m = wait_for(
+        lambda: (s := scrape(port)) and value(s, "durable_worker_jobs_claimed_total") == 5 and s,
+        timeout=30,
+        message="5 jobs claimed in the metrics",
+    )
+    assert isinstance(m, dict)
+    add = {"queue": "default", "task": "add"}
+    assert value(m, "durable_worker_jobs_completed_total", **add) == 3
+    assert value(m, "durable_worker_jobs_failed_total", queue="default", task="always_fails") == 1
+    assert value(m, "durable_worker_jobs_failed_total", **add) is None
+    assert value(m, "durable_worker_job_duration_seconds_count", **add) == 3
+    assert value(m, "durable_worker_job_duration_seconds_bucket", le="+Inf", **add) == 3
+    assert value(m, "durable_worker_job_duration_seconds_bucket", le="60.0", **add) == 3
+    claims = value(m, "durable_worker_claim_duration_seconds_count")
+    assert claims is not None and claims >= 4  # 5 jobs, claimed in one or more statements
+    assert value(m, "durable_worker_claim_duration_seconds_sum") > 0  # type: ignore[operator]
+
+    # Read from the database on each scrape.
+    assert value(m, "durable_worker_database_up") == 1
+    assert value(m, "durable_worker_jobs", queue="default", status="paused") == 1
+    assert value(m, "durable_worker_jobs", queue="default", status="pending") == 0
+    assert value(m, "durable_worker_jobs", queue="idle", status="pending") == 2
+    assert value(m, "durable_worker_queue_depth", queue="idle") == 1
+    oldest = value(m, "durable_worker_queue_oldest_pending_seconds", queue="idle")
+    assert oldest is not None and 30 <= oldest < 600
+    assert value(m, "durable_worker_jobs_failed_last_hour", queue="default") == 1
+    assert value(m, "durable_worker_jobs_completed_last_minute", queue="default") == 3
+    assert value(m, "durable_worker_workers") == 1
+    assert value(m, "durable_worker_jobs_stuck", queue="default") is None
+
+    # Counters grow with the work; the gauges follow the database.
+    client.enqueue("add", {"a": 1, "b": 1}).wait_sync(timeout=30)
+    client.resume(asking.id, "yes")
+    asking.wait_sync(timeout=30)
+    later = wait_for(
+        lambda: (
+            (s := scrape(port))
+            and value(s, "durable_worker_jobs_completed_total", **add) == 4
+            and s
+        ),
+        timeout=30,
+        message="a fourth completion",
+    )
+    assert isinstance(later, dict)
+    assert value(later, "durable_worker_jobs", queue="default", status="paused") == 0
+
+
+def test_worker_refuses_a_metrics_port_in_use(env, processes: Processes):
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = processes.worker(env, "testtasks", extra={"WORKER_METRICS_PORT": str(port)})
+        assert proc.wait(timeout=120) == 1
+    log = processes.log(proc)
+    assert f"error: cannot serve metrics on WORKER_METRICS_PORT={port}" in log
+    assert "Traceback" not in log
+
+
+def get(app: Any, path: str) -> httpx.Response:
+    async def call() -> httpx.Response:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://api") as http:
+            return await http.get(path)
+
+    return asyncio.run(call())
+
+
+def test_api_metrics_app_serves_the_database_series(database_url):
+    query(
+        database_url,
+        "INSERT INTO worker.jobs (task, queue) VALUES ('add', 'mail'), "
+        "('add', 'mail'), ('add', 'web')",
+    )
+    response = get(metrics.asgi_app(database_url), "/metrics")
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/plain")
+    m = parse(response.text)
+    assert value(m, "durable_worker_database_up") == 1
+    assert value(m, "durable_worker_jobs", queue="mail", status="pending") == 2
+    assert value(m, "durable_worker_queue_depth", queue="web") == 1
+    assert value(m, "durable_worker_workers") == 0
+
+    body, content_type = metrics.render(database_url)
+    assert content_type.startswith("text/plain")
+    assert value(parse(body.decode()), "durable_worker_jobs", queue="mail", status="pending") == 2
+
+
+def test_metrics_report_an_unreachable_database_instead_of_failing():
+    m = parse(get(metrics.asgi_app("postgresql://nobody@127.0.0.1:9/none"), "/").text)
+    assert value(m, "durable_worker_database_up") == 0
+    assert not [name for name, _ in m if name == "durable_worker_jobs"]

@@ -1,0 +1,265 @@
+"""Outages and bounds: a real `worker run` process against a PostgreSQL that goes away.
+
+The daemon must keep running through a restart or terminated sessions, say so in one line,
+write the results of jobs that finished meanwhile, listen again, and never leave a job behind.
+Bounds: task timeouts, stuck threads keeping their slot, a capped connection pool, and no
+transaction (or row lock) held while a task runs.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+from chaos.harness import OwnServer, reachable_again_seconds, wait_until, worker_env
+from conftest import Processes, query
+
+from worker.daemon.db import POOL_CAP, pool_size
+
+TASKS = "chaos.faulttasks"
+EFFECTS = (
+    "CREATE TABLE chaos_effects (job uuid, kind text, attempt int, pid int, value float8, "
+    "at timestamptz DEFAULT clock_timestamp())"
+)
+
+
+@pytest.fixture
+def server() -> Iterator[OwnServer]:
+    """A PostgreSQL of this test's own, to stop and start at will (same port throughout)."""
+    own = OwnServer()
+    query(own.url, EFFECTS)
+    yield own
+    own.destroy()
+
+
+def insert(url: str, task: str, payload: str = "{}", **columns: object) -> str:
+    names = ", ".join(["task", "payload", *columns])
+    marks = ", ".join(["%s", "%s::jsonb"] + ["%s"] * len(columns))
+    return str(
+        query(
+            url,
+            f"INSERT INTO worker.jobs ({names}) VALUES ({marks}) RETURNING id::text",
+            (task, payload, *columns.values()),
+        )[0][0]
+    )
+
+
+def job(url: str, job_id: str) -> dict[str, object]:
+    row = query(
+        url,
+        "SELECT status, result, error, retry_count, started_at, finished_at "
+        "FROM worker.jobs WHERE id = %s",
+        (job_id,),
+    )[0]
+    return dict(
+        zip(["status", "result", "error", "retry_count", "started", "finished"], row, strict=True)
+    )
+
+
+def status(url: str, job_id: str) -> str:
+    try:
+        return str(job(url, job_id)["status"])
+    except psycopg.OperationalError:
+        return "unknown (database down)"
+
+
+def effects(url: str, job_id: str) -> int:
+    return int(query(url, "SELECT count(*) FROM chaos_effects WHERE job = %s", (job_id,))[0][0])
+
+
+def registered(url: str, proc) -> bool:
+    return bool(query(url, "SELECT 1 FROM worker.workers WHERE pid = %s", (proc.pid,)))
+
+
+# -- outages ----------------------------------------------------------------------------------
+
+
+def test_result_of_a_job_finished_during_a_restart_is_written_once_the_database_is_back(
+    server, processes: Processes
+):
+    url = server.url
+    # Listening must come back too: with polls 20 s apart, only a NOTIFY starts a job quickly.
+    env = worker_env(url, WORKER_LOG_LEVEL="INFO", WORKER_POLL_MAX="20")
+    proc = processes.worker(env, TASKS)
+    wait_until(lambda: registered(url, proc), 60, "the worker to register")
+    slow = insert(url, "hold_still", '{"sleep": 3}')
+    wait_until(lambda: status(url, slow) == "processing", 30, "the job to start")
+
+    server.stop()  # the job is mid-run and finishes while the database is down
+    time.sleep(6)
+    assert proc.poll() is None, processes.log(proc)
+    server.start()
+
+    wait_until(lambda: status(url, slow) == "completed", 60, "the job's result to be written")
+    wait_until(lambda: "listener reconnected" in processes.log(proc), 30, "the listener")
+    time.sleep(1)  # let the claim loop settle into its long idle poll
+    quick = insert(url, "echo", '{"a": 1}')
+    woke = wait_until(lambda: status(url, quick) == "completed", 30, "the next job")
+
+    log = processes.log(proc)
+    assert proc.poll() is None
+    assert log.count("database unreachable (") == 1, log
+    assert len(reachable_again_seconds(log)) == 1, log
+    assert "Traceback" not in log
+    done = job(url, slow)
+    assert done["result"] == "held" and done["retry_count"] == 0  # written, not run again
+    assert woke < 5, f"the next job waited {woke:.1f} s: the worker is not listening again"
+
+
+def test_worker_started_while_the_database_is_down_waits_then_runs(server, processes):
+    url = server.url
+    server.stop()
+    proc = processes.worker(worker_env(url), TASKS)
+    wait_until(lambda: "database unreachable" in processes.log(proc), 30, "the unreachable line")
+    time.sleep(2)
+    assert proc.poll() is None, processes.log(proc)
+    server.start()
+    job_id = insert(url, "echo", '{"a": 1}')
+    wait_until(lambda: status(url, job_id) == "completed", 60, "the job to run")
+    log = processes.log(proc)
+    assert log.count("database unreachable") == 1, log
+    assert "database reachable after" in log and "Traceback" not in log
+
+
+def test_jobs_of_a_claim_whose_answer_was_lost_are_handed_back(server, processes):
+    """A claim can commit and its answer be lost with the connection. The rows then say
+    `processing` by this (live, heartbeating) worker although nothing runs them; the worker
+    must notice after the failure and hand them back, while keeping the jobs it does run."""
+    url = server.url
+    proc = processes.worker(worker_env(url, WORKER_LOG_LEVEL="INFO"), TASKS)
+    wait_until(lambda: registered(url, proc), 60, "the worker to register")
+    (worker_id,) = query(url, "SELECT id FROM worker.workers WHERE pid = %s", (proc.pid,))[0]
+    running = insert(url, "chaos_sync", '{"sleep": 4}')
+    wait_until(lambda: status(url, running) == "processing", 30, "the real job to start")
+    # What a lost claim leaves behind: rows claimed for this worker that it never received.
+    lost = [insert(url, "echo", "{}", status="processing", worker_id=worker_id) for _ in range(3)]
+
+    server.stop()
+    time.sleep(2)
+    server.start()
+
+    for job_id in lost:
+        wait_until(lambda j=job_id: status(url, j) == "completed", 60, f"lost job {job_id}")
+    wait_until(lambda: status(url, running) == "completed", 60, "the real job")
+    assert effects(url, running) == 1, "a job the worker was running was handed back"
+    assert job(url, running)["retry_count"] == 0
+    assert all(job(url, j)["retry_count"] == 0 for j in lost)  # not counted as an attempt
+    assert "3 jobs claimed by a statement whose answer was lost" in processes.log(proc)
+
+
+def test_terminated_sessions_do_not_stop_the_worker(database_url, processes):
+    url = database_url
+    proc = processes.worker(worker_env(url, PGAPPNAME="outage-victim"), TASKS)
+    wait_until(lambda: registered(url, proc), 60, "the worker to register")
+    running = insert(url, "hold_still", '{"sleep": 3}')
+    wait_until(lambda: status(url, running) == "processing", 30, "the job to start")
+    killed = query(
+        url,
+        "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity "
+        "WHERE application_name = 'outage-victim'",
+    )[0][0]
+    assert killed >= 2  # the pool and the listener at least
+    after = insert(url, "echo", '{"b": 2}')
+    wait_until(lambda: status(url, running) == "completed", 30, "the running job")
+    wait_until(lambda: status(url, after) == "completed", 30, "a job enqueued after")
+    assert job(url, running)["retry_count"] == 0
+    assert proc.poll() is None and "Traceback" not in processes.log(proc)
+
+
+# -- bounds -----------------------------------------------------------------------------------
+
+
+def test_async_task_past_its_timeout_is_retried_then_failed_with_a_clear_error(
+    database_url, processes
+):
+    url = database_url
+    processes.worker(worker_env(url), TASKS)
+    job_id = insert(url, "slow_async", '{"sleep": 30}', max_retries=1)
+    wait_until(lambda: status(url, job_id) == "failed", 60, "the job to fail")
+    done = job(url, job_id)
+    assert done["retry_count"] == 1  # one retry, then failed
+    assert "ran past its timeout" in str(done["error"])
+    assert (done["finished"] - done["started"]).total_seconds() < 10  # type: ignore[operator]
+
+
+def test_worker_task_timeout_setting_applies_to_tasks_without_their_own(database_url, processes):
+    url = database_url
+    processes.worker(worker_env(url, WORKER_TASK_TIMEOUT="1"), TASKS)
+    job_id = insert(url, "default_timeout_sync", '{"sleep": 3}', max_retries=0)
+    wait_until(lambda: status(url, job_id) == "failed", 60, "the job to fail")
+    assert "ran past its timeout" in str(job(url, job_id)["error"])
+
+
+def test_stuck_sync_task_is_reported_and_keeps_its_slot_until_it_returns(database_url, processes):
+    url = database_url
+    query(url, EFFECTS)
+    proc = processes.worker(worker_env(url, WORKER_CONCURRENCY="1", WORKER_LOG_LEVEL="INFO"), TASKS)
+    stuck = insert(url, "stuck_sync", '{"sleep": 5}', max_retries=0)
+    wait_until(lambda: status(url, stuck) == "failed", 60, "the stuck job to time out")
+    failed_at = time.monotonic()
+    waiting = insert(url, "echo", "{}")
+    wait_until(lambda: status(url, waiting) == "completed", 60, "the next job")
+    waited = time.monotonic() - failed_at
+
+    log = processes.log(proc)
+    assert "ran past its timeout" in str(job(url, stuck)["error"])
+    assert "ignores the cancel and still runs; it keeps its slot" in log
+    assert "its abandoned thread returned at last; slot free again" in log
+    # The only slot stayed taken until the thread returned (5 s after start, 1 s timeout).
+    assert waited > 2.5, f"the next job started {waited:.1f} s after the timeout"
+    assert effects(url, stuck) == 1  # the thread did finish its work, late
+
+
+def test_connection_pool_is_capped_whatever_the_concurrency(database_url, processes):
+    assert [pool_size(c) for c in (1, 10, 26, 1000)] == [4, 8, 16, POOL_CAP]
+    url = database_url
+    processes.worker(worker_env(url, WORKER_CONCURRENCY="200"), TASKS)
+    query(
+        url,
+        "INSERT INTO worker.jobs (task, payload) "
+        "SELECT 'hold_still', '{\"sleep\": 6}' FROM generate_series(1, 200)",
+    )
+    wait_until(
+        lambda: (
+            query(url, "SELECT count(*) FROM worker.jobs WHERE status = 'processing'")[0][0] == 200
+        ),
+        60,
+        "all 200 jobs to run at once",
+    )
+    (pool_connections,) = query(
+        url,
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+        "AND application_name = 'durable-worker'",
+    )[0]
+    assert 1 <= pool_connections <= POOL_CAP
+    wait_until(
+        lambda: (
+            query(url, "SELECT count(*) FROM worker.jobs WHERE status = 'completed'")[0][0] == 200
+        ),
+        60,
+        "the jobs to finish",
+    )
+
+
+def test_no_transaction_or_row_lock_is_held_while_a_slow_task_runs(database_url, processes):
+    url = database_url
+    processes.worker(worker_env(url), TASKS)
+    job_id = insert(url, "hold_still", '{"sleep": 4}')
+    wait_until(lambda: status(url, job_id) == "processing", 30, "the job to start")
+    time.sleep(1)
+    sessions = query(
+        url,
+        "SELECT state, count(*) FROM pg_stat_activity WHERE datname = current_database() "
+        "AND application_name LIKE 'durable-worker%%' GROUP BY state",
+    )
+    assert sessions, "no worker session found"
+    assert "idle in transaction" not in {s for s, _ in sessions}, sessions
+    with psycopg.connect(url) as conn:  # NOWAIT: fails at once if the worker held the row
+        locked = conn.execute(
+            "SELECT status FROM worker.jobs WHERE id = %s FOR UPDATE NOWAIT", (job_id,)
+        ).fetchall()
+        conn.rollback()
+    assert locked == [("processing",)]
+    wait_until(lambda: status(url, job_id) == "completed", 30, "the job to finish")

@@ -1,0 +1,381 @@
+"""Multi-stage jobs end to end: real worker processes, a real PostgreSQL.
+
+Every stage of the test pipelines (tests/testtasks.py) records an `effects` row each time it
+really runs, so these tests count runs across attempts, processes and kills.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from typing import Any
+
+import pytest
+from conftest import Processes, query, wait_for
+
+from worker import Client, InvalidTransition, JobNotFound, JobStatus
+
+
+def effects(url: str, job_id: str) -> list[str]:
+    """What the job's stages did, in order."""
+    rows = query(url, "SELECT kind FROM effects WHERE job = %s ORDER BY at", (job_id,))
+    return [str(r[0]) for r in rows]
+
+
+def count(url: str, job_id: str, kind: str) -> int:
+    return effects(url, job_id).count(kind)
+
+
+def job_row(url: str, job_id: str) -> dict[str, Any]:
+    (row,) = query(
+        url,
+        "SELECT status, result, error, retry_count, question, cancel_requested, finished_at "
+        "FROM worker.jobs WHERE id = %s",
+        (job_id,),
+    )
+    keys = ("status", "result", "error", "retry_count", "question", "cancel_requested", "finished")
+    return dict(zip(keys, row, strict=True))
+
+
+def status_of(url: str, job_id: str) -> str:
+    return str(job_row(url, job_id)["status"])
+
+
+def stages(url: str, job_id: str) -> dict[str, dict[str, Any]]:
+    rows = query(
+        url,
+        "SELECT stage, kind, status, output, error, attempt FROM worker.job_stages "
+        "WHERE job_id = %s",
+        (job_id,),
+    )
+    return {
+        r[0]: {"kind": r[1], "status": r[2], "output": r[3], "error": r[4], "attempt": r[5]}
+        for r in rows
+    }
+
+
+def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "worker", *args],
+        env={**env, "COLUMNS": "200"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def wait_status(url: str, job_id: str, status: str, timeout: float = 30.0) -> None:
+    wait_for(
+        lambda: status_of(url, job_id) == status,
+        timeout=timeout,
+        message=f"job {job_id} to be {status} (it is {status_of(url, job_id)})",
+    )
+
+
+# -- outputs and retries ------------------------------------------------------------------
+
+
+def test_stage_outputs_are_persisted_and_passed_on(env, database_url, processes: Processes):
+    processes.worker(env, "testtasks")
+    client = Client(database_url)
+    job = client.enqueue("counted", {})
+    assert job.wait_sync(timeout=30) == {"n": 3}
+    rows = stages(database_url, job.job_id)
+    assert {name: (r["kind"], r["status"], r["output"]) for name, r in rows.items()} == {
+        "first": ("stage", "completed", {"n": 1}),
+        "second": ("stage", "completed", {"n": 2}),
+        "third": ("stage", "completed", {"n": 3}),
+        "tidy": ("cleanup", "completed", "tidied"),
+    }
+    assert job.refresh().outputs["second"] == {"n": 2}
+    assert effects(database_url, job.job_id) == ["first", "second", "third", "cleanup"]
+
+
+def test_retried_job_does_not_rerun_completed_stages(env, database_url, processes):
+    processes.worker(env, "testtasks")
+    job = Client(database_url).enqueue("counted", {"fail_second_until": 1})
+    # `second` fails on attempt 1; attempt 2 starts at `second`, reading `first`'s stored output.
+    assert job.wait_sync(timeout=30) == {"n": 3}
+    assert effects(database_url, job.job_id) == [
+        "first",
+        "second",
+        "cleanup",
+        "second",
+        "third",
+        "cleanup",
+    ]
+    rows = stages(database_url, job.job_id)
+    assert rows["first"]["attempt"] == 1
+    assert rows["second"]["attempt"] == rows["third"]["attempt"] == 2
+    assert job_row(database_url, job.job_id)["retry_count"] == 1
+
+
+def test_cleanup_runs_after_failure_and_the_stage_error_is_kept(env, database_url, processes):
+    processes.worker(env, "testtasks")
+    job = Client(database_url).enqueue("counted", {"fail_second_until": 99}, max_retries=1)
+    wait_status(database_url, job.job_id, "failed")
+    assert effects(database_url, job.job_id) == ["first", "second", "cleanup", "second", "cleanup"]
+    error = job_row(database_url, job.job_id)["error"]
+    first_line = error.splitlines()[0]
+    assert first_line == "stage second failed: RuntimeError: second stage fails on purpose"
+    rows = stages(database_url, job.job_id)
+    assert rows["second"]["status"] == "failed"
+    assert "second stage fails on purpose" in rows["second"]["error"]
+    assert "third" not in rows
+
+
+# -- cancellation -------------------------------------------------------------------------
+
+
+def test_cancelling_a_running_job_stops_at_the_next_stage_boundary(env, database_url, processes):
+    processes.worker(env, "testtasks")
+    client = Client(database_url)
+    job = client.enqueue("counted", {"second_sleep": 3})
+    wait_for(lambda: count(database_url, job.job_id, "second") == 1, message="second to start")
+    assert client.cancel(job.job_id) == JobStatus.PROCESSING  # requested, not yet honoured
+    wait_status(database_url, job.job_id, "cancelled")
+    # `second` was allowed to finish; `third` never started; the cleanup ran once.
+    assert effects(database_url, job.job_id) == ["first", "second", "cleanup"]
+    rows = stages(database_url, job.job_id)
+    assert rows["second"]["status"] == "completed"
+    assert "third" not in rows
+    assert rows["tidy"]["status"] == "completed"
+    assert job_row(database_url, job.job_id)["error"] == "cancelled before stage third"
+
+
+def test_cancel_request_reaches_a_running_worker_within_a_second(env, database_url, processes):
+    # A long lease makes the heartbeat's fallback check (every lease/3) 20 s away: only the
+    # NOTIFY on `worker_cancel` can deliver the request this fast.
+    processes.worker(env, "testtasks", extra={"WORKER_LEASE_SECONDS": "60"})
+    client = Client(database_url)
+    job = client.enqueue("patient", {"seconds": 60})
+    wait_for(lambda: count(database_url, job.job_id, "long_wait") == 1, message="long stage")
+    time.sleep(0.5)  # the stage is in its loop, watching ctx.cancelled
+    started = time.monotonic()
+    client.cancel(job.job_id)
+    wait_for(
+        lambda: count(database_url, job.job_id, "saw_cancel") == 1,
+        timeout=20,
+        interval=0.01,
+        message="the stage to see the cancel",
+    )
+    seen_after = time.monotonic() - started
+    assert seen_after < 2.0, f"the running stage saw the cancel only after {seen_after:.2f} s"
+    wait_status(database_url, job.job_id, "cancelled")
+    assert effects(database_url, job.job_id) == ["long_wait", "saw_cancel", "cleanup"]
+    assert stages(database_url, job.job_id)["long_wait"]["status"] == "cancelled"
+
+
+def test_cancelling_a_pending_job_is_immediate_and_it_never_runs(env, database_url, processes):
+    client = Client(database_url)
+    job = client.enqueue("counted", {})
+    assert client.cancel(job.job_id) == JobStatus.CANCELLED  # no worker needed
+    row = job_row(database_url, job.job_id)
+    assert (row["status"], row["cancel_requested"], row["finished"] is not None) == (
+        "cancelled",
+        True,
+        True,
+    )
+    processes.worker(env, "testtasks")
+    assert client.enqueue("add", {"a": 1, "b": 1}).wait_sync(timeout=30) == 2
+    assert status_of(database_url, job.job_id) == "cancelled"
+    assert effects(database_url, job.job_id) == []
+
+
+def test_cancelling_a_paused_job_runs_its_cleanup_and_ends_cancelled(env, database_url, processes):
+    processes.worker(env, "testtasks")
+    client = Client(database_url)
+    job = client.enqueue("approval", {})
+    wait_status(database_url, job.job_id, "paused")
+    assert effects(database_url, job.job_id) == ["prepare", "approve"]  # no cleanup at a pause
+    started = time.monotonic()
+    result = cli(env, "cancel", job.job_id)
+    assert result.returncode == 0, result.stderr
+    # Its stages ran, so it owes its cleanup: a worker runs that (and nothing else) at once.
+    wait_status(database_url, job.job_id, "cancelled", timeout=10)
+    assert time.monotonic() - started < 10
+    assert effects(database_url, job.job_id) == ["prepare", "approve", "cleanup"]
+    rows = stages(database_url, job.job_id)
+    assert rows["approve"]["status"] == "cancelled"
+    assert "pay" not in rows
+
+
+def test_cancelling_a_finished_job_is_a_no_op_that_says_so(env, database_url, processes):
+    processes.worker(env, "testtasks")
+    client = Client(database_url)
+    job = client.enqueue("counted", {})
+    job.wait_sync(timeout=30)
+    assert client.cancel(job.job_id) == JobStatus.COMPLETED
+    result = cli(env, "cancel", job.job_id)
+    assert result.returncode == 0, result.stderr
+    assert f"job {job.job_id} already completed: nothing to cancel" in result.stdout
+    row = job_row(database_url, job.job_id)
+    assert (row["status"], row["result"], row["cancel_requested"]) == ("completed", {"n": 3}, False)
+    with pytest.raises(JobNotFound):
+        client.cancel("00000000-0000-0000-0000-000000000000")
+
+
+# -- pause and resume ---------------------------------------------------------------------
+
+
+def test_pause_then_resume_with_an_answer_completes(env, database_url, processes):
+    processes.worker(env, "testtasks", extra={"WORKER_CONCURRENCY": "1"})
+    client = Client(database_url)
+    job = client.enqueue("approval", {"amount": 25})
+    wait_status(database_url, job.job_id, "paused")
+    assert job_row(database_url, job.job_id)["question"] == {"question": "pay 25?"}
+    # Paused holds no slot: the only slot runs another job meanwhile.
+    assert client.enqueue("add", {"a": 2, "b": 2}).wait_sync(timeout=30) == 4
+    assert effects(database_url, job.job_id) == ["prepare", "approve"]
+
+    client.resume(job.job_id, {"approved": True})
+    assert job.wait_sync(timeout=30) == {"paid": 25, "answer": {"approved": True}}
+    # `prepare` is not run again; `approve` runs again and sees the answer.
+    assert effects(database_url, job.job_id) == ["prepare", "approve", "approve", "pay", "cleanup"]
+    assert stages(database_url, job.job_id)["approve"]["output"] == {"answer": {"approved": True}}
+
+
+def test_resume_from_the_cli_passes_the_answer(env, database_url, processes):
+    processes.worker(env, "testtasks")
+    job = Client(database_url).enqueue("approval", {})
+    wait_status(database_url, job.job_id, "paused")
+    result = cli(env, "resume", job.job_id, "--answer", '"yes"')
+    assert result.returncode == 0, result.stderr
+    assert job.wait_sync(timeout=30) == {"paid": 10, "answer": "yes"}
+
+
+def test_resuming_a_job_that_is_not_paused_is_a_clear_error(env, database_url):
+    client = Client(database_url)
+    job = client.enqueue("approval", {})
+    with pytest.raises(InvalidTransition, match=f"job {job.job_id} is pending, not paused"):
+        client.resume(job.job_id, "yes")
+    result = cli(env, "resume", job.job_id, "--answer", '"yes"')
+    assert result.returncode == 1
+    assert "is pending, not paused: nothing to resume" in result.stderr
+    row = job_row(database_url, job.job_id)
+    assert (row["status"], row["question"]) == ("pending", None)
+    assert query(database_url, "SELECT answer FROM worker.jobs WHERE id = %s", (job.job_id,)) == [
+        (None,)
+    ]
+
+
+# -- snoozing and deadlines ---------------------------------------------------------------
+
+
+def test_snoozing_does_not_count_as_a_retry_or_hold_a_slot(env, database_url, processes):
+    processes.worker(env, "testtasks", extra={"WORKER_CONCURRENCY": "1"})
+    client = Client(database_url)
+    # max_retries=0: a snooze counted as a retry would fail this job on its first snooze.
+    job = client.enqueue("snoozer", {"polls": 4, "every": 1.0}, max_retries=0)
+    wait_for(lambda: count(database_url, job.job_id, "poll") >= 1, message="first poll")
+    # The only slot is free while the job snoozes: another job runs to completion meanwhile.
+    assert client.enqueue("add", {"a": 1, "b": 2}).wait_sync(timeout=30) == 3
+    assert status_of(database_url, job.job_id) == "pending"
+    assert count(database_url, job.job_id, "poll") < 4
+    assert job.wait_sync(timeout=30) == {"polls": 4}
+    row = job_row(database_url, job.job_id)
+    assert row["retry_count"] == 0
+    # Cleanup runs once, at the end of the attempt, not after each snooze.
+    assert effects(database_url, job.job_id) == ["poll"] * 4 + ["cleanup"]
+
+
+@pytest.mark.parametrize("mode", ["snooze", "sleep"])
+def test_stage_deadline_gives_up_with_a_clear_error(env, database_url, processes, mode):
+    processes.worker(env, "testtasks")
+    job = Client(database_url).enqueue("deadlined", {"mode": mode})
+    started = time.monotonic()
+    wait_status(database_url, job.job_id, "failed")
+    assert time.monotonic() - started < 15  # the stage would sleep 60 s, or snooze forever
+    row = job_row(database_url, job.job_id)
+    assert row["error"].startswith("stage never_ready failed: StageDeadlineExceeded: ")
+    assert "gave up" in row["error"] and "deadline" in row["error"]
+    assert row["retry_count"] == 0  # giving up is final: no retry
+    assert count(database_url, job.job_id, "cleanup") == 1
+    assert stages(database_url, job.job_id)["never_ready"]["status"] == "failed"
+
+
+# -- failing cleanups ---------------------------------------------------------------------
+
+
+def test_failing_cleanup_is_recorded_and_does_not_hide_the_original_error(
+    env, database_url, processes
+):
+    processes.worker(env, "testtasks")
+    job = Client(database_url).enqueue("bad_cleanup", {}, max_retries=0)
+    wait_status(database_url, job.job_id, "failed")
+    error = job_row(database_url, job.job_id)["error"]
+    assert error.splitlines()[0] == "stage work failed: ValueError: the original problem"
+    assert "(cleanup also failed: broken_cleanup: OSError: the cleanup's own problem)" in error
+    cleanup = stages(database_url, job.job_id)["broken_cleanup"]
+    assert cleanup["status"] == "failed"
+    assert "OSError: the cleanup's own problem" in cleanup["error"]
+
+
+def test_failing_cleanup_after_successful_stages_is_retried_not_ignored(
+    env, database_url, processes
+):
+    processes.worker(env, "testtasks")
+    job = Client(database_url).enqueue("bad_cleanup", {"stage_ok": True}, max_retries=1)
+    wait_status(database_url, job.job_id, "failed")
+    # The retry runs the cleanup only: the completed stage is not run again.
+    assert effects(database_url, job.job_id) == ["work", "cleanup", "cleanup"]
+    error = job_row(database_url, job.job_id)["error"]
+    assert error == "cleanup failed: broken_cleanup: OSError: the cleanup's own problem"
+
+
+# -- crash recovery -----------------------------------------------------------------------
+
+
+def test_crash_recovery_runs_the_owed_cleanup_before_the_next_attempt(env, database_url, processes):
+    client = Client(database_url)
+    job = client.enqueue("counted", {"second_sleep": 3})
+    doomed = processes.worker(env, "testtasks")
+    wait_for(lambda: count(database_url, job.job_id, "second") == 1, message="second to start")
+    os.killpg(doomed.pid, signal.SIGKILL)
+    doomed.wait(timeout=10)
+    processes.worker(env, "testtasks")  # recovers the job once the lease (3 s) runs out
+    assert job.wait_sync(timeout=60) == {"n": 3}
+    # The cleanup the killed attempt owed ran before attempt 2; `first` did not run again.
+    assert effects(database_url, job.job_id) == [
+        "first",
+        "second",
+        "cleanup",
+        "second",
+        "third",
+        "cleanup",
+    ]
+    rows = stages(database_url, job.job_id)
+    assert rows["first"]["attempt"] == 1
+    assert rows["second"]["attempt"] == 2
+    assert job_row(database_url, job.job_id)["retry_count"] == 1
+
+
+def test_owed_cleanup_still_runs_after_a_manual_retry_and_a_kill(env, database_url, processes):
+    client = Client(database_url)
+    job = client.enqueue("patient", {"seconds": 60}, max_retries=0)
+    first = processes.worker(env, "testtasks")
+    wait_for(lambda: count(database_url, job.job_id, "long_wait") == 1, message="long stage")
+    client.cancel(job.job_id)
+    wait_status(database_url, job.job_id, "cancelled")
+    assert effects(database_url, job.job_id) == ["long_wait", "saw_cancel", "cleanup"]
+
+    client.retry(job.job_id)  # attempts count from 1 again
+    wait_for(lambda: count(database_url, job.job_id, "long_wait") == 2, message="second run")
+    os.killpg(first.pid, signal.SIGKILL)
+    first.wait(timeout=10)
+    processes.worker(env, "testtasks")
+    # No retries left: the job fails, but only after the cleanup the killed run owed.
+    wait_status(database_url, job.job_id, "failed", timeout=60)
+    assert effects(database_url, job.job_id) == [
+        "long_wait",
+        "saw_cancel",
+        "cleanup",
+        "long_wait",
+        "cleanup",
+    ]
+    row = job_row(database_url, job.job_id)
+    assert "was lost" in row["error"]
+    assert stages(database_url, job.job_id)["long_wait"]["status"] == "failed"
