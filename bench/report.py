@@ -169,7 +169,8 @@ def render(records: list[dict[str, Any]], info: dict[str, Any], args: Any) -> st
         rate = [float(r["value"]) for r in mem]
         flat = all(g <= max(2.0, 0.05 * s) for g, s in zip(growth, start, strict=True))
         own.append(
-            f"| worker RSS while draining {args.memory_jobs:,} jobs (INFO logging): after 20% "
+            f"| worker RSS while draining {args.memory_jobs:,} jobs (INFO logging, run 1): "
+            f"after 20% "
             f"of the jobs -> at the end (MB) | {cell(start)} -> {cell(end)} "
             f"(growth {cell(growth)}); {cell(rate)} jobs/s | - | flat: growth <= max(2 MB, 5%) "
             f"in every run | {'yes' if flat else '**no**'} |"

@@ -23,6 +23,7 @@ from chaos.harness import wait_until, worker_env
 from conftest import Processes, query
 
 from worker import Client, InvalidJob
+from worker.settings import get_settings, load_settings_or_exit
 
 TASKS = "chaos.faulttasks"
 
@@ -195,6 +196,24 @@ def test_priority_beyond_smallint_and_an_update_to_a_bad_status_are_refused(data
 # -- settings and the database at start -------------------------------------------------------
 
 
+def settings_error(monkeypatch, tmp_path, capsys, values: dict[str, str]) -> str:
+    """What `load_settings_or_exit` (used by every command) prints for `values`: exit code 2
+    and one line, checked in-process to keep the many variants fast."""
+    monkeypatch.chdir(tmp_path)  # no .env file
+    for name, value in values.items():
+        monkeypatch.setenv(name, value)
+    get_settings.cache_clear()
+    try:
+        with pytest.raises(SystemExit) as exit_:
+            load_settings_or_exit()
+    finally:
+        get_settings.cache_clear()
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1, err
+    return err
+
+
 @pytest.mark.parametrize(
     ("url", "message"),
     [
@@ -204,17 +223,15 @@ def test_priority_beyond_smallint_and_an_update_to_a_bad_status_are_refused(data
         ("not a url at all", "must look like postgresql://"),
     ],
 )
-def test_malformed_database_url_exits_2_with_one_line_naming_the_variable(env, url, message):
-    for args in (("run", TASKS), ("enqueue", "echo")):
-        proc = cli(*args, env={**env, "DATABASE_URL": url})
-        assert proc.returncode == 2, proc.stderr
-        line = one_error_line(proc)
-        assert "DATABASE_URL" in line and message in line, line
-        assert "hunter2" not in proc.stderr + proc.stdout
+def test_malformed_database_url_is_refused_naming_the_variable(
+    monkeypatch, tmp_path, capsys, url, message
+):
+    err = settings_error(monkeypatch, tmp_path, capsys, {"DATABASE_URL": url})
+    assert "DATABASE_URL" in err and message in err and "hunter2" not in err
 
 
 @pytest.mark.parametrize(
-    ("settings", "variable"),
+    ("values", "variable"),
     [
         ({"WORKER_CONCURRENCY": "-1"}, "WORKER_CONCURRENCY"),
         ({"WORKER_CONCURRENCY": "0"}, "WORKER_CONCURRENCY"),
@@ -226,10 +243,20 @@ def test_malformed_database_url_exits_2_with_one_line_naming_the_variable(env, u
         ({"WORKER_MAX_PAYLOAD_BYTES": "-1"}, "WORKER_MAX_PAYLOAD_BYTES"),
     ],
 )
-def test_bad_settings_exit_2_with_one_line_naming_the_variable(env, settings, variable):
-    proc = cli("run", TASKS, env={**env, **settings})
-    assert proc.returncode == 2, proc.stderr
-    assert variable in one_error_line(proc)
+def test_bad_settings_are_refused_naming_the_variable(
+    monkeypatch, tmp_path, capsys, values, variable
+):
+    assert variable in settings_error(monkeypatch, tmp_path, capsys, values)
+
+
+def test_worker_run_with_bad_settings_exits_2_with_one_line_and_no_secret(env):
+    bad_url = cli("run", TASKS, env={**env, "DATABASE_URL": "mysql://app:hunter2@db/app"})
+    assert bad_url.returncode == 2
+    line = one_error_line(bad_url)
+    assert "DATABASE_URL" in line and "hunter2" not in bad_url.stderr + bad_url.stdout
+    negative = cli("run", TASKS, env={**env, "WORKER_CONCURRENCY": "-4"})
+    assert negative.returncode == 2
+    assert "WORKER_CONCURRENCY" in one_error_line(negative)
 
 
 def test_unreachable_database_at_start_exits_after_the_connect_timeout(env):
@@ -250,25 +277,27 @@ def test_unreachable_database_at_start_exits_after_the_connect_timeout(env):
 # -- results that are not JSON ----------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    ("task", "message"),
-    [
-        ("returns_nan", "returned a value that is not JSON-serialisable"),
-        ("returns_nul", "it contains a NUL character"),
-        ("returns_surrogate", "half of a UTF-16 surrogate pair"),
-        ("returns_deep", "nested too deeply to be stored as JSON"),
-    ],
-)
 def test_task_returning_a_value_that_cannot_be_stored_fails_with_a_clear_error(
-    database_url, processes, task, message
+    database_url, processes
 ):
+    """Python's encoder accepts what PostgreSQL's jsonb refuses (NUL, half a surrogate pair);
+    NaN and values nested thousands deep stop the encoder itself. Each such job fails naming
+    the problem; the worker and the jobs after them carry on."""
     url = database_url
-    proc = processes.worker(worker_env(url), TASKS)
-    bad = insert(url, task)
+    expected = {
+        "returns_nan": "returned a value that is not JSON-serialisable",
+        "returns_nul": "it contains a NUL character",
+        "returns_surrogate": "half of a UTF-16 surrogate pair",
+        "returns_deep": "nested too deeply to be stored as JSON",
+    }
+    bad = {task: insert(url, task) for task in expected}
     good = insert(url, "echo", '{"still": "works"}')
-    wait_until(lambda: finished(url, bad) and finished(url, good), 60, "both jobs")
-    state, _, error = status_of(url, bad)
-    assert state == "failed" and message in str(error), error
+    proc = processes.worker(worker_env(url), TASKS)
+    for job_id in [*bad.values(), good]:
+        wait_until(lambda j=job_id: finished(url, j), 60, f"job {job_id}")
+    for task, message in expected.items():
+        state, _, error = status_of(url, bad[task])
+        assert state == "failed" and message in str(error), (task, error)
     assert status_of(url, good)[:2] == ("completed", 1)
     assert proc.poll() is None and "Traceback" not in processes.log(proc)
 

@@ -169,6 +169,22 @@ def test_cancel_request_reaches_a_running_worker_within_a_second(env, database_u
     assert stages(database_url, job.job_id)["long_wait"]["status"] == "cancelled"
 
 
+@pytest.mark.parametrize("then", ["snooze", "pause"])
+def test_stage_that_snoozes_or_pauses_after_a_cancel_request_ends_cancelled_now(
+    env, database_url, processes, then
+):
+    processes.worker(env, "testtasks")
+    client = Client(database_url)
+    job = client.enqueue("late_cancel", {"then": then})
+    wait_status(database_url, job.job_id, "processing")
+    time.sleep(0.5)
+    client.cancel(job.job_id)
+    # Not `paused` with nobody to resume it, nor `pending` for the snooze's 60 s.
+    wait_status(database_url, job.job_id, "cancelled", timeout=20)
+    assert effects(database_url, job.job_id) == ["saw_cancel", "cleanup"]
+    assert stages(database_url, job.job_id)["wait_then_wait_more"]["status"] == "cancelled"
+
+
 def test_cancelling_a_pending_job_is_immediate_and_it_never_runs(env, database_url, processes):
     client = Client(database_url)
     job = client.enqueue("counted", {})

@@ -276,3 +276,24 @@ def patient_after_wait(ctx: Any) -> str:
 def patient_cleanup(ctx: Any) -> str:
     record(ctx.job_id, "cleanup")
     return "done"
+
+
+# Waits for a cancel request, then snoozes for a minute or pauses, as `then` says.
+late = Pipeline("late_cancel")
+
+
+@late.stage(name="wait_then_wait_more")
+def late_wait(ctx: Any) -> None:
+    deadline = time.monotonic() + 30
+    while not ctx.cancelled and time.monotonic() < deadline:
+        time.sleep(0.01)
+    record(ctx.job_id, "saw_cancel")
+    if ctx.payload.get("then") == "pause":
+        ctx.pause({"question": "asked after the cancel"})
+    ctx.snooze(60)
+
+
+@late.cleanup(name="late_cleanup")
+def late_cleanup(ctx: Any) -> str:
+    record(ctx.job_id, "cleanup")
+    return "done"

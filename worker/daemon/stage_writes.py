@@ -69,9 +69,9 @@ class StageWrites:
 
     async def _write(self, batch: list[tuple[str, dict[str, Any]]]) -> list[Rows]:
         # Pipeline mode: BEGIN, every statement and COMMIT go out in one round trip.
-        async with self._pool.connection() as conn:
-            async with conn.pipeline() as pipeline, conn.transaction():
-                cursors = [await conn.execute(statement, params) for statement, params in batch]
+        async with self._pool.connection() as conn, conn.pipeline() as pipeline:
+            async with conn.transaction():
+                cursors = [await conn.execute(st, params) for st, params in batch]
             await pipeline.sync()
             return [await cur.fetchall() if cur.description else [] for cur in cursors]
 

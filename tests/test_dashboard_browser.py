@@ -1,0 +1,120 @@
+"""The dashboard in a real headless Chromium, against `worker api` and `worker run` processes.
+
+Needs Debian's `chromium` (/usr/bin/chromium), driven through Playwright's Python package; the
+test is skipped only when that browser is absent.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from conftest import Processes, query, wait_for
+from test_api import start_api, status_of
+
+from worker import Client
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.skipif(
+        not CHROMIUM.exists(),
+        reason="needs Debian's chromium at /usr/bin/chromium (apt-get install -y chromium)",
+    ),
+]
+
+
+def test_dashboard_shows_live_progress_and_cancels_a_job_with_its_button(
+    env, database_url, processes: Processes, tmp_path
+):
+    from playwright.sync_api import sync_playwright
+
+    api = start_api(env, processes)
+    processes.worker(env, "testtasks", extra={"WORKER_CONCURRENCY": "4"})
+    client = Client(database_url)
+    watched = client.enqueue("watched_export", {"ticks": 12, "tick": 0.5}).job_id
+    doomed = client.enqueue("watched_export", {"ticks": 600, "tick": 0.1}).job_id
+    wait_for(lambda: status_of(database_url, watched) == "processing", message="job running")
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page()
+            page.goto(api.base + "/")
+            # Open the running job from the list.
+            page.locator(f'tr.job[data-job-id="{watched}"]').click(timeout=30_000)
+            page.wait_for_selector("#detail:not([hidden])")
+            assert page.text_content("#d-id") == watched
+            bar = page.locator("#progress")
+            seen: list[int] = []
+            deadline = time.monotonic() + 90
+            while time.monotonic() < deadline:
+                seen.append(int(bar.get_attribute("aria-valuenow") or 0))
+                if bar.get_attribute("data-state") == "done":
+                    break
+                time.sleep(0.1)
+            assert bar.get_attribute("data-state") == "done", seen
+            assert bar.get_attribute("aria-valuenow") == "100"
+            # It advanced through the polling, not from 0 straight to done.
+            partial = sorted({v for v in seen if 0 < v < 100})
+            assert len(partial) >= 3, seen
+            assert seen == sorted(seen), seen
+            page.wait_for_function(
+                "document.querySelectorAll('#stages tbody tr').length === 4", timeout=30_000
+            )
+            assert "completed" in (page.text_content("#d-status") or "")
+            assert "verified" in (page.text_content("#d-result") or "")
+            page.screenshot(path=str(tmp_path / "dashboard-done.png"), full_page=True)
+
+            # Cancel the other job with the button, the token typed into the page.
+            page.fill("#token", api.token or "")
+            page.locator(f'tr.job[data-job-id="{doomed}"]').click(timeout=30_000)
+            page.wait_for_function(
+                f"document.getElementById('d-id').textContent === '{doomed}'"
+            )
+            page.wait_for_function(
+                "document.getElementById('progress').dataset.state === 'running'",
+                timeout=30_000,
+            )
+            page.click("#cancel")
+            wait_for(lambda: status_of(database_url, doomed) == "cancelled", timeout=60)
+            page.wait_for_function(
+                "document.getElementById('progress').dataset.state === 'cancelled'",
+                timeout=30_000,
+            )
+            assert "cancelled" in (page.text_content("#d-status") or "")
+            assert page.is_disabled("#cancel") and page.is_enabled("#retry")
+            page.screenshot(path=str(tmp_path / "dashboard-cancelled.png"), full_page=True)
+
+            # The token survives a reload (kept in localStorage), and a wrong one is refused.
+            page.reload()
+            assert page.input_value("#token") == api.token
+            page.fill("#token", "wrong")
+            page.locator(f'tr.job[data-job-id="{doomed}"]').click(timeout=30_000)
+            page.wait_for_function("!document.getElementById('retry').disabled")
+            page.click("#retry")
+            page.wait_for_function(
+                "document.getElementById('message').textContent.includes('403')"
+            )
+        finally:
+            browser.close()
+    assert status_of(database_url, doomed) == "cancelled"  # the wrong token changed nothing
+    stages = dict(
+        query(
+            database_url,
+            "SELECT stage, status FROM worker.job_stages WHERE job_id = %s",
+            (doomed,),
+        )
+    )
+    assert stages["poll"] == "cancelled" and stages["remove_status_file"] == "completed"

@@ -1,0 +1,253 @@
+"""The status machine under random sequences of operations (Hypothesis, stateful).
+
+Every operation is one of the real statements of `worker/db/sql.py` (enqueue, claim, record an
+outcome, cancel, resume, retry, rescue, release, prune, stage start), run against the real
+PostgreSQL, in any order, by two workers that may lose their lease at any time and may write
+outcomes for jobs they no longer hold. After every step:
+
+- every status change the audit trigger saw is one the design allows (`LEGAL_TRANSITIONS`);
+- no job is lost: the rows present are exactly those enqueued minus those pruned, and only
+  finished jobs were pruned;
+- the columns agree with the status (finished_at set exactly for finished jobs, a processing
+  job has a worker and a start time, a paused job has its question, a completed one a result).
+
+At the end every worker dies and the rescuer runs: nothing may be left `processing`.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg
+from chaos.harness import LEGAL_TRANSITIONS, TERMINAL, install_audit
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+
+from worker.db import sql
+
+LEASE = 30.0
+OUTCOMES = ("completed", "retry", "failed", "cancelled", "paused", "snoozed")
+
+
+class JobLifecycle(RuleBasedStateMachine):
+    conn: psycopg.Connection[Any]  # set by the test: one connection for all examples
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conn.execute(
+            "TRUNCATE worker.jobs, worker.workers, worker.job_stages, chaos_transitions CASCADE"
+        )
+        # Ids from a counter, not random: Hypothesis replays a failing sequence exactly.
+        self.workers = [uuid.UUID(int=1), uuid.UUID(int=2)]
+        for worker_id in self.workers:
+            self.register(worker_id)
+        self.enqueued: list[uuid.UUID] = []
+        self.pruned: set[uuid.UUID] = set()
+
+    # -- helpers ------------------------------------------------------------------------------
+
+    def run(self, statement: str, **params: Any) -> list[tuple[Any, ...]]:
+        cur = self.conn.execute(statement, params)
+        return cur.fetchall() if cur.description else []
+
+    def register(self, worker_id: uuid.UUID) -> None:
+        self.run(
+            sql.REGISTER_WORKER,
+            id=worker_id,
+            hostname="machine",
+            pid=1,
+            queues=["default"],
+            concurrency=4,
+        )
+
+    def job_ids(self) -> list[uuid.UUID]:
+        return [job_id for job_id in self.enqueued if job_id not in self.pruned]
+
+    # -- operations ---------------------------------------------------------------------------
+
+    @rule(
+        count=st.integers(1, 3),
+        max_retries=st.one_of(st.none(), st.integers(0, 2)),
+        delayed=st.booleans(),
+    )
+    def enqueue(self, count: int, max_retries: int | None, delayed: bool) -> None:
+        ids = [uuid.UUID(int=1000 + len(self.enqueued) + i) for i in range(count)]
+        self.run(
+            sql.ENQUEUE_MANY,
+            ids=ids,
+            tasks=["work"] * count,
+            payloads=['{"n": 1}'] * count,
+            queues=["default"] * count,
+            priorities=[0] * count,
+            run_ats=[None] * count,
+            delays=[3600.0 if delayed else 0.0] * count,
+            max_retries=[max_retries] * count,
+        )
+        self.enqueued.extend(ids)
+
+    @rule(worker=st.integers(0, 1), limit=st.integers(1, 3))
+    def claim(self, worker: int, limit: int) -> None:
+        self.run(
+            sql.CLAIM,
+            queues=["default"],
+            limit=limit,
+            worker_id=self.workers[worker],
+            default_max_retries=2,
+        )
+
+    def write_outcome(self, worker: int, job_id: uuid.UUID, outcome: str) -> None:
+        result = {"completed": '"ok"', "paused": '{"question": "go on?"}'}.get(outcome)
+        error = "boom" if outcome in ("retry", "failed", "cancelled") else None
+        self.run(
+            sql.RECORD_OUTCOMES,
+            ids=[job_id],
+            outcomes=[outcome],
+            results=[result],
+            errors=[error],
+            delays=[0.0],
+            worker_id=self.workers[worker],
+            default_max_retries=2,
+            backoff_base=0.0,
+            backoff_max=0.0,
+        )
+
+    @rule(worker=st.integers(0, 1), outcome=st.sampled_from(OUTCOMES), data=st.data())
+    def record_outcome(self, worker: int, outcome: str, data: st.DataObject) -> None:
+        held = [
+            r[0]
+            for r in self.run(
+                "SELECT id FROM worker.jobs WHERE status = 'processing' AND worker_id = %(w)s "
+                "ORDER BY id",
+                w=self.workers[worker],
+            )
+        ]
+        if held:
+            self.write_outcome(worker, data.draw(st.sampled_from(held)), outcome)
+
+    @precondition(lambda self: self.job_ids())
+    @rule(worker=st.integers(0, 1), outcome=st.sampled_from(OUTCOMES), data=st.data())
+    def stale_outcome(self, worker: int, outcome: str, data: st.DataObject) -> None:
+        # Any job, held by this worker or not: a stale worker's late result must change nothing.
+        self.write_outcome(worker, data.draw(st.sampled_from(self.job_ids())), outcome)
+
+    @precondition(lambda self: self.job_ids())
+    @rule(data=st.data())
+    def start_stage(self, data: st.DataObject) -> None:
+        job_id = data.draw(st.sampled_from(self.job_ids()))
+        (status,) = self.run("SELECT status FROM worker.jobs WHERE id = %(id)s", id=job_id)[0]
+        if status == "processing":  # the daemon only records stages of jobs it runs
+            self.run(sql.STAGE_STARTED, job_id=job_id, stage="load", kind="stage", attempt=1)
+
+    @precondition(lambda self: self.job_ids())
+    @rule(data=st.data())
+    def cancel(self, data: st.DataObject) -> None:
+        self.run(sql.CANCEL, id=data.draw(st.sampled_from(self.job_ids())))
+
+    @precondition(lambda self: self.job_ids())
+    @rule(data=st.data())
+    def resume(self, data: st.DataObject) -> None:
+        self.run(sql.RESUME, id=data.draw(st.sampled_from(self.job_ids())), answer='"yes"')
+
+    @precondition(lambda self: self.job_ids())
+    @rule(data=st.data())
+    def operator_retry(self, data: st.DataObject) -> None:
+        self.run(sql.RETRY, id=data.draw(st.sampled_from(self.job_ids())))
+
+    @rule(worker=st.integers(0, 1))
+    def lose_lease_and_rescue(self, worker: int) -> None:
+        # The worker stops heartbeating for longer than the lease; another one rescues.
+        self.run(
+            "UPDATE worker.workers SET heartbeat_at = now() - make_interval(secs => %(age)s) "
+            "WHERE id = %(id)s",
+            id=self.workers[worker],
+            age=LEASE + 1,
+        )
+        self.run(sql.RESCUE, lease=LEASE)
+        self.register(self.workers[worker])  # it comes back, as a stalled worker does
+
+    @precondition(lambda self: self.job_ids())
+    @rule(worker=st.integers(0, 1), data=st.data())
+    def release_on_shutdown(self, worker: int, data: st.DataObject) -> None:
+        job_id = data.draw(st.sampled_from(self.job_ids()))
+        self.run(sql.RELEASE, worker_id=self.workers[worker], ids=[job_id])
+
+    @rule()
+    def prune(self) -> None:
+        finished = {
+            r[0]
+            for r in self.run(
+                "SELECT id FROM worker.jobs WHERE status = ANY(%(s)s)", s=list(TERMINAL)
+            )
+        }
+        self.run(
+            sql.PRUNE_BATCH,
+            statuses=list(TERMINAL),
+            before=datetime.now(UTC) + timedelta(days=1),
+            batch=1000,
+        )
+        present = {r[0] for r in self.run("SELECT id FROM worker.jobs")}
+        removed = set(self.job_ids()) - present
+        assert removed <= finished, f"prune removed unfinished jobs: {removed - finished}"
+        self.pruned |= removed
+
+    # -- invariants ---------------------------------------------------------------------------
+
+    @invariant()
+    def only_legal_transitions(self) -> None:
+        seen = self.run("SELECT DISTINCT old, new FROM chaos_transitions")
+        illegal = [t for t in seen if t not in LEGAL_TRANSITIONS]
+        assert not illegal, f"illegal status transitions: {illegal}"
+
+    @invariant()
+    def no_job_lost(self) -> None:
+        present = {r[0] for r in self.run("SELECT id FROM worker.jobs")}
+        assert present == set(self.job_ids())
+
+    @invariant()
+    def columns_agree_with_the_status(self) -> None:
+        wrong = self.run(
+            """
+            SELECT id, status FROM worker.jobs
+            WHERE (finished_at IS NOT NULL) <> (status IN ('completed', 'failed', 'cancelled'))
+               OR (status = 'processing' AND (worker_id IS NULL OR started_at IS NULL))
+               OR (status = 'paused' AND question IS NULL)
+               OR (status = 'completed' AND result IS NULL)
+            """
+        )
+        assert not wrong, wrong
+
+    def teardown(self) -> None:
+        # Every worker dies; the rescuer must leave nothing behind as `processing`.
+        self.run(
+            "UPDATE worker.workers SET heartbeat_at = now() - make_interval(secs => %(age)s)",
+            age=LEASE + 1,
+        )
+        self.run(sql.RESCUE, lease=LEASE)
+        left = self.run("SELECT count(*) FROM worker.jobs WHERE status = 'processing'")
+        assert left == [(0,)], "jobs left processing after every worker died and was rescued"
+        self.only_legal_transitions()
+
+
+def test_random_operations_never_make_an_illegal_transition_or_lose_a_job(database_url):
+    install_audit(database_url)
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        JobLifecycle.conn = conn
+        run_state_machine_as_test(
+            JobLifecycle,
+            settings=settings(
+                max_examples=40,
+                stateful_step_count=30,
+                deadline=None,
+                suppress_health_check=[HealthCheck.too_slow],
+                database=None,
+            ),
+        )
