@@ -229,6 +229,47 @@ def test_reconnect_with_last_event_id_misses_nothing_and_repeats_nothing(
         assert tail == resumed[-2:]
 
 
+def test_stream_cut_by_killed_database_connections_resumes_without_gaps(
+    env, database_url, processes: Processes
+):
+    """pg_backend_kill on the API's connections mid-stream: the stream ends early, and a
+    reconnect with Last-Event-ID gets exactly the rest."""
+    api = start_api(env, processes)
+    processes.worker(env, "testtasks")
+    job_id = Client(database_url).enqueue("watched_export", {"ticks": 15, "tick": 0.3}).job_id
+    received: list[Sse] = []
+    attempts = 0
+    with api.client() as http:
+        while not received or received[-1].event != "end":
+            attempts += 1
+            assert attempts < 20, "the stream never reached its end"
+            headers = {"Last-Event-ID": str(received[-1].id)} if received else {}
+            try:
+                with http.stream("GET", f"/jobs/{job_id}/events", headers=headers) as response:
+                    if response.status_code == 503:
+                        time.sleep(0.5)  # the API noticed the database was away: retry
+                        continue
+                    assert response.status_code == 200, response.read()
+                    for message in sse_messages(response):
+                        received.append(message)
+                        progress = sum(m.data.get("status") == "progress" for m in received)
+                        if attempts == 1 and progress == 3:
+                            killed = query(
+                                database_url,
+                                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                                "WHERE datname = current_database() AND pid <> pg_backend_pid() "
+                                "AND backend_type = 'client backend'",
+                            )
+                            assert killed
+            except httpx.RemoteProtocolError:
+                continue  # cut mid-message: resume from the last complete one
+    assert attempts >= 2
+    ids = [m.id for m in received if m.event == "message"]
+    assert len(ids) == len(set(ids)), "an event was repeated"
+    assert ids == stored_event_ids(database_url, job_id), "an event was missed"
+    assert received[-1].data["status"] == "completed"
+
+
 def test_stream_of_a_plain_task_ends_once_the_job_is_finished(
     env, database_url, processes: Processes
 ):

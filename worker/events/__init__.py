@@ -2,8 +2,21 @@
 
 `MemoryBus` keeps events in this process (tests, single-process use). `PostgresBus` stores
 them in `worker.job_events` and sends a NOTIFY per flush, so an API in another process (or on
-another machine) streams what a worker publishes. `publish` never blocks and never raises: a
-slow bus must not slow or fail a job.
+another machine) streams what a worker publishes; `worker run` uses it by default.
+
+The contract every adapter keeps:
+- `publish` never blocks and never raises: a slow or absent bus must not slow or fail a job
+  (under pressure an adapter drops the oldest unsent events and counts them);
+- ids only grow, and a reader that resumes after the last id it saw misses nothing and sees
+  nothing twice;
+- events go when their job goes (retention, `worker prune`).
+
+    bus = PostgresBus(url)                  # or MemoryBus()
+    await bus.start()
+    bus.publish(ProgressEvent(job_id=job_id, step="export", status="progress",
+                              message={"pct": 40, "rows": 4000}))
+    async for event in bus.follow(job_id, after=last_seen_id):
+        ...
 """
 
 from __future__ import annotations
@@ -17,6 +30,8 @@ from worker.models import ProgressEvent
 
 
 class ProgressBus(Protocol):
+    """What the stage runner publishes to and the HTTP edge reads from."""
+
     def publish(self, event: ProgressEvent) -> None:
         """Queue an event for delivery; thread-safe, never blocks, never raises."""
 
