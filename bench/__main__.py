@@ -1,7 +1,7 @@
 """`python -m bench`: every workload, for durable-worker and the installed peers, in one run.
 
     .venv/bin/pip install -e '.[bench]'     # PgQueuer, Procrastinate, Chancy, asyncpg
-    .venv/bin/python -m bench               # 3 runs, ~15 min on 2 cores
+    .venv/bin/python -m bench               # 3 runs of the issue's workloads (20,000 jobs)
     .venv/bin/python -m bench --runs 1 --jobs 2000 --only drain1,latency --libs durable,pgqueuer
 
 The server: `BENCH_DATABASE_URL` (any database on it; the benchmark creates and drops its own
@@ -104,7 +104,7 @@ def machine(server: Server) -> dict[str, Any]:
         pass
     settings = server.query(
         "postgres",
-        "SELECT name, setting FROM pg_settings WHERE name IN "
+        "SELECT name, current_setting(name) FROM pg_settings WHERE name IN "
         "('fsync','synchronous_commit','shared_buffers','max_connections') ORDER BY name",
     )
     return {

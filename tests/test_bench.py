@@ -11,8 +11,10 @@ from conftest import query
 def test_bench_reports_every_measurement_and_deletes_its_jobs(env, database_url):
     query(database_url, "INSERT INTO worker.jobs (task, payload) VALUES ('users_job', '{}')")
     proc = subprocess.run(
-        [sys.executable, "-m", "worker", "bench", "--jobs", "300", "--single", "50"]
-        + ["--latency-jobs", "20"],
+        [
+            *(sys.executable, "-m", "worker", "bench"),
+            *("--jobs", "300", "--single", "50", "--latency-jobs", "20"),
+        ],
         env={**env, "COLUMNS": "200"},
         capture_output=True,
         text=True,
