@@ -1,4 +1,7 @@
-import pytest
+import psycopg, pytest
+from hypothesis import HealthCheck, Phase, settings
+from hypothesis.stateful import run_state_machine_as_test
+from chaos.harness import install_audit
 from worker.db import sql
 import test_status_machine as m
 
@@ -15,6 +18,9 @@ def test_mutant(database_url, monkeypatch, stmt, old, new):
     text = getattr(sql, stmt)
     assert old in text
     monkeypatch.setattr(sql, stmt, text.replace(old, new))
-    with pytest.raises(AssertionError) as e:
-        m.test_random_operations_never_make_an_illegal_transition_or_lose_a_job(database_url)
+    install_audit(database_url)
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        m.JobLifecycle.conn = conn
+        with pytest.raises(AssertionError) as e:
+            run_state_machine_as_test(m.JobLifecycle, settings=settings(max_examples=100, stateful_step_count=50, deadline=None, database=None, phases=[Phase.generate], suppress_health_check=[HealthCheck.too_slow]))
     print("\nCAUGHT", stmt, "->", str(e.value).splitlines()[0][:150])
