@@ -15,14 +15,23 @@ from worker import AsyncClient, Client, InvalidJob, JobSpec
 N = 10_000
 
 
-def statements_of(client: Client) -> list[str]:
-    """Every statement the client's engine sends, as SQLAlchemy hands it to the driver."""
+def statements_of(client: Client, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every statement the client sends: through its SQLAlchemy engine, or straight through
+    psycopg (enqueues outside a caller's transaction)."""
     seen: list[str] = []
 
     def record(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
         seen.append(statement)
 
     event.listen(client.engine, "before_cursor_execute", record)
+    for cls in (psycopg.Connection, psycopg.AsyncConnection):
+        real = cls.execute
+
+        def execute(self: Any, query: Any, *args: Any, _real: Any = real, **kw: Any) -> Any:
+            seen.append(str(query))
+            return _real(self, query, *args, **kw)
+
+        monkeypatch.setattr(cls, "execute", execute)
     return seen
 
 
@@ -33,10 +42,11 @@ def specs(n: int) -> list[JobSpec]:
     ]
 
 
-def test_enqueue_many_writes_ten_thousand_jobs_in_one_statement(database_url):
+def test_enqueue_many_writes_ten_thousand_jobs_in_one_statement(database_url, monkeypatch):
     client = Client(database_url)
-    sent = statements_of(client)
+    sent = statements_of(client, monkeypatch)
     jobs = client.enqueue_many(specs(N))
+    monkeypatch.undo()
     assert len(sent) == 1 and sent[0].lstrip().startswith("INSERT INTO worker.jobs")
     assert len(jobs) == N and len({j.job_id for j in jobs}) == N
     rows = query(
@@ -72,9 +82,11 @@ def test_enqueue_many_wakes_idle_workers_once_per_queue(database_url):
         ("add", "expected a JobSpec or a (task, payload) tuple, not str"),
     ],
 )
-def test_one_bad_job_refuses_the_whole_batch_and_names_its_index(database_url, bad, message):
+def test_one_bad_job_refuses_the_whole_batch_and_names_its_index(
+    database_url, bad, message, monkeypatch
+):
     client = Client(database_url)
-    sent = statements_of(client)
+    sent = statements_of(client, monkeypatch)
     batch: list[Any] = specs(N)
     batch[7345] = bad
     with pytest.raises(InvalidJob) as raised:
@@ -93,7 +105,7 @@ def test_backslash_text_that_only_looks_like_an_escaped_nul_is_accepted(database
     assert stored == [("C:\\u0000\\dir",)]
 
 
-def test_async_enqueue_many_writes_the_batch_in_one_statement(database_url):
+def test_async_enqueue_many_writes_the_batch_in_one_statement(database_url, monkeypatch):
     async def main() -> list[str]:
         client = AsyncClient(database_url)
         sent: list[str] = []
@@ -102,8 +114,16 @@ def test_async_enqueue_many_writes_the_batch_in_one_statement(database_url):
             "before_cursor_execute",
             lambda conn, cursor, statement, *args: sent.append(statement),
         )
+        real = psycopg.AsyncConnection.execute
+
+        async def execute(self: Any, query: Any, *args: Any, **kw: Any) -> Any:
+            sent.append(str(query))
+            return await real(self, query, *args, **kw)
+
+        monkeypatch.setattr(psycopg.AsyncConnection, "execute", execute)
         jobs = await client.enqueue_many([("add", {"a": i, "b": 0}) for i in range(N)])
-        await client.engine.dispose()
+        monkeypatch.undo()
+        await client.close()
         assert len(sent) == 1
         return [j.job_id for j in jobs]
 
@@ -114,8 +134,8 @@ def test_async_enqueue_many_writes_the_batch_in_one_statement(database_url):
     ]
 
 
-def test_enqueue_many_of_nothing_writes_nothing(database_url):
+def test_enqueue_many_of_nothing_writes_nothing(database_url, monkeypatch):
     client = Client(database_url)
-    sent = statements_of(client)
+    sent = statements_of(client, monkeypatch)
     assert client.enqueue_many([]) == []
     assert sent == []

@@ -155,6 +155,15 @@ def test_terminated_sessions_do_not_stop_the_worker(database_url, processes):
     wait_until(lambda: registered(url, proc), 60, "the worker to register")
     running = insert(url, "hold_still", '{"sleep": 3}')
     wait_until(lambda: status(url, running) == "processing", 30, "the job to start")
+    wait_until(
+        lambda: query(
+            url,
+            "SELECT count(*) FROM pg_stat_activity "
+            "WHERE application_name = 'outage-victim' AND query LIKE 'LISTEN%'",
+        )[0][0],
+        30,
+        "the listener",
+    )
     killed = query(
         url,
         "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity "

@@ -16,6 +16,7 @@ At the end every worker dies and the rescuer runs: nothing may be left `processi
 
 from __future__ import annotations
 
+import json
 import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -69,6 +70,14 @@ class JobLifecycle(RuleBasedStateMachine):
             concurrency=4,
         )
 
+    def row(self, job_id: uuid.UUID) -> tuple[Any, ...]:
+        """What must stay as it is when an operation does not apply to the job."""
+        return self.run(
+            "SELECT status, worker_id, retry_count, result, error, finished_at, question, "
+            "answer, cancel_requested FROM worker.jobs WHERE id = %(id)s",
+            id=job_id,
+        )[0]
+
     def job_ids(self) -> list[uuid.UUID]:
         return [job_id for job_id in self.enqueued if job_id not in self.pruned]
 
@@ -81,17 +90,19 @@ class JobLifecycle(RuleBasedStateMachine):
     )
     def enqueue(self, count: int, max_retries: int | None, delayed: bool) -> None:
         ids = [uuid.UUID(int=1000 + len(self.enqueued) + i) for i in range(count)]
-        self.run(
-            sql.ENQUEUE_MANY,
-            ids=ids,
-            tasks=["work"] * count,
-            payloads=['{"n": 1}'] * count,
-            queues=["default"] * count,
-            priorities=[0] * count,
-            run_ats=[None] * count,
-            delays=[3600.0 if delayed else 0.0] * count,
-            max_retries=[max_retries] * count,
-        )
+        rows = [
+            {
+                "i": str(i),
+                "t": "work",
+                "p": {"n": 1},
+                "q": "default",
+                "pr": 0,
+                "d": 3600.0 if delayed else 0.0,
+                "mr": max_retries,
+            }
+            for i in ids
+        ]
+        self.run(sql.ENQUEUE_MANY, jobs=json.dumps(rows))
         self.enqueued.extend(ids)
 
     @rule(worker=st.integers(0, 1), limit=st.integers(1, 3))
@@ -144,8 +155,12 @@ class JobLifecycle(RuleBasedStateMachine):
     @precondition(lambda self: self.job_ids())
     @rule(worker=st.integers(0, 1), outcome=st.sampled_from(OUTCOMES), data=st.data())
     def stale_outcome(self, worker: int, outcome: str, data: st.DataObject) -> None:
-        # Any job, held by this worker or not: a stale worker's late result must change nothing.
-        self.write_outcome(worker, data.draw(st.sampled_from(self.job_ids())), outcome)
+        # Any job: unless this worker holds it, a late result must change nothing at all.
+        job_id = data.draw(st.sampled_from(self.job_ids()))
+        before = self.row(job_id)
+        self.write_outcome(worker, job_id, outcome)
+        if before[:2] != ("processing", self.workers[worker]):
+            assert self.row(job_id) == before, f"a stale {outcome} changed {job_id}"
 
     @precondition(lambda self: self.job_ids())
     @rule(data=st.data())
@@ -160,12 +175,18 @@ class JobLifecycle(RuleBasedStateMachine):
     def operator(self, action: str, data: st.DataObject) -> None:
         """What an operator (or the API) does to any job, whatever its status."""
         job_id = data.draw(st.sampled_from(self.job_ids()))
+        before = self.row(job_id)
         if action == "cancel":
             self.run(sql.CANCEL, id=job_id)
+            allowed: tuple[str, ...] = ("pending", "paused", "processing")
         elif action == "resume":
             self.run(sql.RESUME, id=job_id, answer='"yes"')
+            allowed = ("paused",)
         else:
             self.run(sql.RETRY, id=job_id)
+            allowed = ("failed", "cancelled")
+        if before[0] not in allowed:
+            assert self.row(job_id) == before, f"{action} changed a {before[0]} job"
 
     @rule(worker=st.integers(0, 1))
     def lose_lease_and_rescue(self, worker: int) -> None:
@@ -183,7 +204,10 @@ class JobLifecycle(RuleBasedStateMachine):
     @rule(worker=st.integers(0, 1), data=st.data())
     def release_on_shutdown(self, worker: int, data: st.DataObject) -> None:
         job_id = data.draw(st.sampled_from(self.job_ids()))
+        before = self.row(job_id)
         self.run(sql.RELEASE, worker_id=self.workers[worker], ids=[job_id])
+        if before[:2] != ("processing", self.workers[worker]):
+            assert self.row(job_id) == before, f"release changed a job {before[0]}"
 
     @rule()
     def prune(self) -> None:

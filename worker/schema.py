@@ -37,7 +37,8 @@ _status_list = ", ".join(f"'{s}'" for s in STATUSES)
 jobs = Table(
     "jobs",
     metadata,
-    Column("id", UUID(as_uuid=True), primary_key=True, server_default=text("gen_random_uuid()")),
+    # Time-ordered (UUIDv7, migration 0001): new rows share primary-key pages, see the migration.
+    Column("id", UUID(as_uuid=True), primary_key=True, server_default=text("worker.uuid_v7()")),
     Column("queue", Text, nullable=False, server_default=text("'default'")),
     Column("task", Text, nullable=False),
     Column("payload", JSONB, nullable=False, server_default=text("'{}'::jsonb")),

@@ -110,6 +110,12 @@ class StageStore(Protocol):
         self, job_id: UUID, stage: str, status: str, output: JSON = None, error: str | None = None
     ) -> None: ...
 
+    async def advance(
+        self, job_id: UUID, done: str, output: JSON, stage: str, kind: str, attempt: int
+    ) -> float:
+        """Record `done` completed with `output` and `stage` running, in one committed write;
+        return as `started` does."""
+
 
 class StageDeadlineExceeded(Exception):
     """A stage ran (or kept snoozing) past its own deadline; the job fails without a retry."""
@@ -338,6 +344,18 @@ class Pipeline:
     ) -> Outcome:
         job = ctx.job
         last_output: JSON = None
+        # A stage done whose completion is not recorded yet: it is recorded together with the
+        # next stage's start (one commit), and always before that stage runs.
+        done: tuple[str, str] | None = None
+
+        async def record_done() -> None:
+            nonlocal done
+            if done is not None:
+                name, text = done
+                await store.finished(job.id, name, "completed", output=text)
+                ctx.emit(name, "completed")
+                done = None
+
         for stage in self.main_stages:
             row = rows.get(stage.name)
             if row is not None and row.status == "completed":
@@ -346,8 +364,16 @@ class Pipeline:
                     ctx.emit(stage.name, "skipped", {"reason": "completed in an earlier attempt"})
                 continue
             if ctx.cancelled:  # the stage boundary: a cancel request stops the job here
+                await record_done()
                 return Outcome("cancelled", error=f"cancelled before stage {stage.name}")
-            age = await store.started(job.id, stage.name, "stage", job.attempt)
+            if done is not None:
+                age = await store.advance(
+                    job.id, done[0], done[1], stage.name, "stage", job.attempt
+                )
+                ctx.emit(done[0], "completed")
+                done = None
+            else:
+                age = await store.started(job.id, stage.name, "stage", job.attempt)
             if row is None or row.status != "snoozed":
                 ctx.emit(stage.name, "started", {"attempt": job.attempt})
             ctx.step = stage.name
@@ -385,9 +411,9 @@ class Pipeline:
                 return Outcome("retry", error=_stage_error(stage.name, exc))
             finally:
                 ctx.step = ""
-            await store.finished(job.id, stage.name, "completed", output=text)
-            ctx.emit(stage.name, "completed")
+            done = (stage.name, text)
             ctx.outputs[stage.name] = last_output = output
+        await record_done()
         result = self._result(dict(ctx.outputs)) if self._result else last_output
         return Outcome("completed", result=result)
 

@@ -63,7 +63,7 @@ class Producer:
         await self.client.enqueue_many([JobSpec(self.task, {"i": i}) for i in ids])
 
     async def close(self) -> None:
-        await self.client.engine.dispose()
+        await self.client.close()
 
 
 async def open_producer(dsn: str) -> Producer:
@@ -111,7 +111,7 @@ def adapter(label_suffix: str = "") -> harness.Adapter:
         module="bench.libs.durable",
         install=install,
         open_producer=open_producer,
-        single_note="AsyncClient.enqueue (SQLAlchemy async engine, defaults)",
+        single_note="AsyncClient.enqueue (defaults: kept psycopg connections)",
         bulk_note="AsyncClient.enqueue_many, 1000 JobSpecs per call",
         count_jobs_sql="select count(*) from worker.jobs",
         unfinished_sql="select count(*) from worker.jobs where status <> 'completed'",

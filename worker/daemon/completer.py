@@ -9,6 +9,7 @@ the drain rate close to the bare claim/complete loop's.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -30,7 +31,7 @@ MAX_BATCH = 500  # keeps one statement's locks short and its parameters small
 class Completer:
     def __init__(
         self,
-        pool: AsyncConnectionPool,  # type: ignore[type-arg]
+        pool: AsyncConnectionPool,
         worker_id: UUID,
         settings: Settings,
         patience: Patience,
@@ -64,8 +65,8 @@ class Completer:
                 batch, self._queue = self._queue[:MAX_BATCH], self._queue[MAX_BATCH:]
                 try:
                     rows = await self._patience.run(
-                        "recording job outcomes", lambda b=batch: self._write(b)
-                    )  # type: ignore[misc]
+                        "recording job outcomes", functools.partial(self._write, batch)
+                    )
                 except (psycopg.DataError, UnicodeError) as exc:
                     rows = await self._write_each(batch, exc)
                 if self._on_recorded is not None:
@@ -93,8 +94,7 @@ class Completer:
                 reason = (str(exc).strip().splitlines() or [""])[0]
                 refused = Outcome(
                     "failed",
-                    error=f"the job's outcome could not be stored: {type(exc).__name__}: "
-                    f"{reason}",
+                    error=f"the job's outcome could not be stored: {type(exc).__name__}: {reason}",
                 )
                 rows += await write((job_id, refused))
         return rows

@@ -31,7 +31,7 @@ log = logging.getLogger("worker.daemon")
 class Heartbeat:
     def __init__(
         self,
-        pool: AsyncConnectionPool,  # type: ignore[type-arg]
+        pool: AsyncConnectionPool,
         worker_id: UUID,
         registration: dict[str, object],
         lease: float,
@@ -82,7 +82,7 @@ class Heartbeat:
 class Rescuer:
     def __init__(
         self,
-        pool: AsyncConnectionPool,  # type: ignore[type-arg]
+        pool: AsyncConnectionPool,
         heartbeat: Heartbeat,
         lease: float,
     ) -> None:
@@ -118,7 +118,7 @@ class Rescuer:
 
 
 class Retention:
-    def __init__(self, pool: AsyncConnectionPool, settings: Settings) -> None:  # type: ignore[type-arg]
+    def __init__(self, pool: AsyncConnectionPool, settings: Settings) -> None:
         self._pool = pool
         self._settings = settings
 

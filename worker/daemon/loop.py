@@ -110,7 +110,7 @@ def next_poll_delay(current: float, found_work: bool, poll_min: float, poll_max:
 class PgStageStore:
     """Stage bookkeeping on the daemon's pool (see `stages.StageStore`)."""
 
-    def __init__(self, pool: AsyncConnectionPool, patience: Patience) -> None:  # type: ignore[type-arg]
+    def __init__(self, pool: AsyncConnectionPool, patience: Patience) -> None:
         self._pool = pool
         self._patience = patience
         self._writes = StageWrites(pool)  # concurrent jobs' stage writes share one commit
@@ -141,6 +141,23 @@ class PgStageStore:
         await self._patience.run(
             "recording a stage end", lambda: self._writes.run(sql.STAGE_FINISHED, params)
         )
+
+    async def advance(
+        self, job_id: UUID, done: str, output: Any, stage: str, kind: str, attempt: int
+    ) -> float:
+        params = {
+            "job_id": job_id,
+            "done": done,
+            "output": output,
+            "stage": stage,
+            "kind": kind,
+            "attempt": attempt,
+        }
+        rows = await self._patience.run(
+            "recording a stage end and the next start",
+            lambda: self._writes.run(sql.STAGE_ADVANCED, params),
+        )
+        return float(rows[0][0])
 
 
 class Worker:
@@ -175,7 +192,7 @@ class Worker:
         self._threads_lock = threading.Lock()
         self._executor = ThreadPoolExecutor(settings.concurrency, "worker-task")
         self._patience = Patience(self._stop.is_set)
-        self.pool: AsyncConnectionPool = make_pool(url, settings.concurrency)  # type: ignore[type-arg]
+        self.pool: AsyncConnectionPool = make_pool(url, settings.concurrency)
         self.store = PgStageStore(self.pool, self._patience)
         self.processed = 0
         # Outcomes handed to the completer but not written yet: the database still shows these
@@ -436,7 +453,7 @@ class Worker:
                 ctx = Context(
                     job,
                     self,
-                    cancel,  # type: ignore[arg-type]
+                    cancel,
                     deadline=time.monotonic() + timeout if timeout else None,
                 )
                 outcome = await self._attempt(entry, ctx)

@@ -6,6 +6,10 @@ one per write made a 3-stage job cost seven flushes. Writes that arrive while a 
 progress go out together in the next transaction: one commit for what all running jobs wrote
 meanwhile, in one round trip, and each job still waits for its own write to be committed.
 
+Up to `MAX_FLUSHES` such transactions are in flight at once, so a write never waits for a whole
+commit it is not part of (the server flushes concurrent commits' WAL together). That cannot
+reorder one job's writes: a job waits for each write before it makes the next.
+
     writes = StageWrites(pool)
     rows = await writes.run(sql.STAGE_STARTED, params)   # returns once committed
 """
@@ -22,12 +26,15 @@ from worker.daemon.db import TRANSIENT
 
 Rows = list[tuple[Any, ...]]
 
+# Transactions in flight at once (each holds a pooled connection while it commits).
+MAX_FLUSHES = 3
+
 
 class StageWrites:
     def __init__(self, pool: AsyncConnectionPool[Any]) -> None:
         self._pool = pool
         self._pending: list[tuple[str, dict[str, Any], asyncio.Future[Rows]]] = []
-        self._flusher: asyncio.Task[None] | None = None
+        self._flushers: set[asyncio.Task[None]] = set()
 
     async def run(self, statement: str, params: dict[str, Any]) -> Rows:
         """Run `statement` in the next shared transaction; return its rows once committed."""
@@ -35,8 +42,10 @@ class StageWrites:
         # A writer cancelled while waiting (shutdown) leaves nobody to read an error.
         future.add_done_callback(lambda f: f.cancelled() or f.exception())
         self._pending.append((statement, params, future))
-        if self._flusher is None or self._flusher.done():
-            self._flusher = asyncio.create_task(self._flush(), name="stage-writes")
+        if len(self._flushers) < MAX_FLUSHES:
+            flusher = asyncio.create_task(self._flush(), name="stage-writes")
+            self._flushers.add(flusher)
+            flusher.add_done_callback(self._flushers.discard)
         return await asyncio.shield(future)
 
     async def _flush(self) -> None:
@@ -68,12 +77,20 @@ class StageWrites:
                 _settle(future, rows=rows)
 
     async def _write(self, batch: list[tuple[str, dict[str, Any]]]) -> list[Rows]:
-        # Pipeline mode: BEGIN, every statement and COMMIT go out in one round trip.
-        async with self._pool.connection() as conn, conn.pipeline() as pipeline:
-            async with conn.transaction():
-                cursors = [await conn.execute(st, params) for st, params in batch]
-            await pipeline.sync()
-            return [await cur.fetchall() if cur.description else [] for cur in cursors]
+        async with self._pool.connection() as conn:
+            if len(batch) == 1:  # autocommit: the statement is its own transaction
+                cur = await conn.execute(*batch[0])
+                return [await cur.fetchall() if cur.description else []]
+            # Several statements in one simple query run as one implicit transaction, in one
+            # round trip (psycopg's pipeline mode does the same at several times the CPU cost).
+            # The values are quoted client-side by psycopg, as literals of their types.
+            client = psycopg.AsyncClientCursor(conn)
+            await client.execute(";\n".join(client.mogrify(st, params) for st, params in batch))
+            results: list[Rows] = []
+            while True:
+                results.append(await client.fetchall() if client.description else [])
+                if not client.nextset():
+                    return results
 
 
 def _settle(
