@@ -343,9 +343,7 @@ def test_cancel_of_a_running_pipeline_is_honoured_at_its_next_boundary(
     job_id = Client(database_url).enqueue("watched_export", {"ticks": 200, "tick": 0.1}).job_id
     with api.client(headers=api.auth()) as http:
         wait_for(
-            lambda: any(
-                s["stage"] == "poll" for s in http.get(f"/jobs/{job_id}").json()["stages"]
-            ),
+            lambda: any(s["stage"] == "poll" for s in http.get(f"/jobs/{job_id}").json()["stages"]),
             message="the poll stage running",
         )
         answer = http.post(f"/jobs/{job_id}/cancel").json()
@@ -573,9 +571,7 @@ def test_api_refuses_to_start_on_a_public_address_without_a_token(env, tmp_path)
         assert "Traceback" not in done.stderr
 
 
-def test_api_serves_a_public_address_with_a_token_and_loopback_without(
-    env, processes: Processes
-):
+def test_api_serves_a_public_address_with_a_token_and_loopback_without(env, processes: Processes):
     public = start_api(env, processes, host="0.0.0.0")
     with public.client() as http:
         assert http.get("/healthz").status_code == 200

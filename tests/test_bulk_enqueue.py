@@ -24,7 +24,7 @@ def statements_of(client: Client, monkeypatch: pytest.MonkeyPatch) -> list[str]:
         seen.append(statement)
 
     event.listen(client.engine, "before_cursor_execute", record)
-    for cls in (psycopg.Connection, psycopg.AsyncConnection):
+    for cls in (psycopg.Cursor, psycopg.AsyncCursor):
         real = cls.execute
 
         def execute(self: Any, query: Any, *args: Any, _real: Any = real, **kw: Any) -> Any:
@@ -114,13 +114,13 @@ def test_async_enqueue_many_writes_the_batch_in_one_statement(database_url, monk
             "before_cursor_execute",
             lambda conn, cursor, statement, *args: sent.append(statement),
         )
-        real = psycopg.AsyncConnection.execute
+        real = psycopg.AsyncCursor.execute
 
         async def execute(self: Any, query: Any, *args: Any, **kw: Any) -> Any:
             sent.append(str(query))
             return await real(self, query, *args, **kw)
 
-        monkeypatch.setattr(psycopg.AsyncConnection, "execute", execute)
+        monkeypatch.setattr(psycopg.AsyncCursor, "execute", execute)
         jobs = await client.enqueue_many([("add", {"a": i, "b": 0}) for i in range(N)])
         monkeypatch.undo()
         await client.close()

@@ -16,11 +16,16 @@ def schema_diff(url: str) -> list[object]:
     engine = create_engine(sqlalchemy_url(url))
     try:
         with engine.connect() as conn:
-            context = MigrationContext.configure(conn, opts={
-                "include_schemas": True,
-                "include_name": lambda name, type_, parents: type_ != "schema" or name == SCHEMA,
-                "version_table_schema": SCHEMA,
-            })
+            context = MigrationContext.configure(
+                conn,
+                opts={
+                    "include_schemas": True,
+                    "include_name": lambda name, type_, parents: (
+                        type_ != "schema" or name == SCHEMA
+                    ),
+                    "version_table_schema": SCHEMA,
+                },
+            )
             return list(compare_metadata(context, metadata))
     finally:
         engine.dispose()
@@ -43,8 +48,11 @@ def test_upgrade_downgrade_upgrade_round_trips(empty_database_url):
 
 
 def test_plain_insert_is_a_complete_enqueue(database_url):
-    (row,) = query(database_url, "INSERT INTO worker.jobs (task) VALUES ('add') RETURNING "
-                   "queue, payload, status, priority, retry_count, run_at <= now()")
+    (row,) = query(
+        database_url,
+        "INSERT INTO worker.jobs (task) VALUES ('add') RETURNING "
+        "queue, payload, status, priority, retry_count, run_at <= now()",
+    )
     assert row == ("default", {}, "pending", 0, 0, True)
 
 

@@ -12,13 +12,18 @@ from worker.daemon import next_poll_delay
 
 
 def attempts(url: str, key: str) -> list[float]:
-    rows = query(url, "SELECT extract(epoch FROM at) FROM effects WHERE job = %s ORDER BY at", (key,))
+    rows = query(
+        url, "SELECT extract(epoch FROM at) FROM effects WHERE job = %s ORDER BY at", (key,)
+    )
     return [float(r[0]) for r in rows]
 
 
 def test_failed_job_retries_after_backoff_then_fails(env, database_url, processes: Processes):
-    processes.worker(env, "testtasks", extra={"WORKER_RETRY_BACKOFF_BASE": "0.4",
-                                              "WORKER_RETRY_BACKOFF_MAX": "10"})
+    processes.worker(
+        env,
+        "testtasks",
+        extra={"WORKER_RETRY_BACKOFF_BASE": "0.4", "WORKER_RETRY_BACKOFF_MAX": "10"},
+    )
     job = Client(database_url).enqueue("always_fails", {"key": "k"}, max_retries=2)
     with pytest.raises(JobFailed, match="this task always fails") as raised:
         job.wait_sync(timeout=30)
@@ -43,10 +48,18 @@ def test_job_succeeds_on_a_later_attempt(env, database_url, processes):
 
 def test_sql_inserted_job_uses_worker_max_retries(env, database_url, processes):
     processes.worker(env, "testtasks", extra={"WORKER_MAX_RETRIES": "1"})
-    (job_id,) = query(database_url, "INSERT INTO worker.jobs (task, payload) "
-                      "VALUES ('always_fails', '{\"key\": \"sql\"}') RETURNING id::text")[0]
-    wait_for(lambda: query(database_url, "SELECT status FROM worker.jobs WHERE id = %s",
-                           (job_id,))[0][0] == "failed", timeout=30)
+    (job_id,) = query(
+        database_url,
+        "INSERT INTO worker.jobs (task, payload) "
+        "VALUES ('always_fails', '{\"key\": \"sql\"}') RETURNING id::text",
+    )[0]
+    wait_for(
+        lambda: (
+            query(database_url, "SELECT status FROM worker.jobs WHERE id = %s", (job_id,))[0][0]
+            == "failed"
+        ),
+        timeout=30,
+    )
     assert len(attempts(database_url, "sql")) == 2
     assert query(database_url, "SELECT max_retries, retry_count FROM worker.jobs") == [(None, 1)]
 
@@ -68,8 +81,11 @@ def test_poll_delay_doubles_up_to_the_maximum_and_resets_on_work():
 
 
 def test_idle_worker_backs_off_then_resets_when_work_arrives(env, database_url, processes):
-    proc = processes.worker(env, "testtasks", extra={
-        "WORKER_LOG_LEVEL": "DEBUG", "WORKER_POLL_MIN": "0.05", "WORKER_POLL_MAX": "0.8"})
+    proc = processes.worker(
+        env,
+        "testtasks",
+        extra={"WORKER_LOG_LEVEL": "DEBUG", "WORKER_POLL_MIN": "0.05", "WORKER_POLL_MAX": "0.8"},
+    )
     polls = re.compile(r"idle: next poll in ([0-9.]+) s")
     wait_for(lambda: len(polls.findall(processes.log(proc))) >= 7, timeout=30, message="polls")
     Client(database_url).enqueue("add", {"a": 1, "b": 1}).wait_sync(timeout=20)

@@ -25,7 +25,11 @@ def test_invalid_setting_exits_2_naming_the_variable(tmp_path, variable, value, 
     env = {"PATH": "/usr/bin:/bin", variable: value, "WORKER_DATA_DIR": str(tmp_path)}
     proc = subprocess.run(
         [sys.executable, "-m", "worker", "run", "testtasks"],
-        env=env, capture_output=True, text=True, timeout=60, cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
     )
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
@@ -37,8 +41,14 @@ def test_invalid_setting_exits_2_naming_the_variable(tmp_path, variable, value, 
 
 def test_poll_min_greater_than_max_is_refused(tmp_path):
     env = {"PATH": "/usr/bin:/bin", "WORKER_POLL_MIN": "5", "WORKER_POLL_MAX": "1"}
-    proc = subprocess.run([sys.executable, "-m", "worker", "run", "testtasks"], env=env,
-                          capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    proc = subprocess.run(
+        [sys.executable, "-m", "worker", "run", "testtasks"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 2
     assert "WORKER_POLL_MIN must not be greater than WORKER_POLL_MAX" in proc.stderr
     assert "Traceback" not in proc.stderr
@@ -46,8 +56,13 @@ def test_poll_min_greater_than_max_is_refused(tmp_path):
 
 def test_settings_are_read_from_dotenv(tmp_path):
     (tmp_path / ".env").write_text("WORKER_CONCURRENCY=-4\n")
-    proc = subprocess.run([sys.executable, "-m", "worker", "run", "testtasks"],
-                          env={"PATH": "/usr/bin:/bin"}, capture_output=True, text=True,
-                          timeout=60, cwd=tmp_path)
+    proc = subprocess.run(
+        [sys.executable, "-m", "worker", "run", "testtasks"],
+        env={"PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 2
     assert "WORKER_CONCURRENCY" in proc.stderr

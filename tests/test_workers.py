@@ -20,8 +20,11 @@ def test_four_workers_complete_every_job_exactly_once(env, database_url, process
     Client(database_url).enqueue_many(jobs)
     for _ in range(4):
         processes.worker(env, "testtasks")
-    wait_for(lambda: counts(database_url) == {"completed": 2000}, timeout=180,
-             message="2,000 jobs completed")
+    wait_for(
+        lambda: counts(database_url) == {"completed": 2000},
+        timeout=180,
+        message="2,000 jobs completed",
+    )
     runs = query(database_url, "SELECT job, count(*) FROM effects GROUP BY job")
     assert len(runs) == 2000
     assert {n for _, n in runs} == {1}
@@ -29,8 +32,9 @@ def test_four_workers_complete_every_job_exactly_once(env, database_url, process
     assert workers_used[0][0] >= 2
 
 
-def test_sigterm_lets_running_jobs_finish_and_leaves_nothing_processing(env, database_url,
-                                                                        processes):
+def test_sigterm_lets_running_jobs_finish_and_leaves_nothing_processing(
+    env, database_url, processes
+):
     client = Client(database_url)
     jobs = [client.enqueue("effect", {"key": str(i), "sleep": 1.5}) for i in range(4)]
     proc = processes.worker(env, "testtasks")
@@ -69,8 +73,11 @@ def test_killed_workers_jobs_are_finished_by_another_worker_within_the_lease(
     time.sleep(4)  # the survivor must itself have been healthy for a lease before it judges
     os.killpg(victim.pid, signal.SIGKILL)
     killed_at = time.monotonic()
-    wait_for(lambda: counts(database_url) == {"completed": 3}, timeout=60,
-             message="the dead worker's jobs completed by the survivor")
+    wait_for(
+        lambda: counts(database_url) == {"completed": 3},
+        timeout=60,
+        message="the dead worker's jobs completed by the survivor",
+    )
     # Lease 3 s (the `env` fixture), a rescue check every lease/4, then the 6 s job again.
     assert time.monotonic() - killed_at < 25
     assert [j.refresh().retry_count for j in jobs] == [1, 1, 1]

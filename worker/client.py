@@ -697,7 +697,10 @@ class Client:
         self.max_payload_bytes = get_settings().max_payload_bytes
 
     def close(self) -> None:
-        """Close the client's idle connections (it opens new ones if used again)."""
+        """Close the client's idle connections (it opens new ones if used again).
+
+        >>> client.close()                                          # doctest: +SKIP
+        """
         self._direct.close()
         self.engine.dispose()
 
@@ -842,7 +845,10 @@ class AsyncClient:
         self.max_payload_bytes = get_settings().max_payload_bytes
 
     async def close(self) -> None:
-        """Close the client's idle connections (it opens new ones if used again)."""
+        """Close the client's idle connections (it opens new ones if used again).
+
+        >>> await client.close()                                    # doctest: +SKIP
+        """
         await self._direct.close()
         await self.engine.dispose()
 

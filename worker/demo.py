@@ -92,27 +92,40 @@ def run_demo(settings: Settings, quick_jobs: int = 40) -> None:
     console.print(f"[bold]durable-worker demo[/bold] on {where}: {redact(url)}")
     migrate.upgrade(url)
     client = Client(url)
-    ids = [j.job_id for j in client.enqueue_many(
-        [("demo.thumbnail", {"image": f"photos/{i:04d}.jpg"}) for i in range(quick_jobs)]
-    )]
+    ids = [
+        j.job_id
+        for j in client.enqueue_many(
+            [("demo.thumbnail", {"image": f"photos/{i:04d}.jpg"}) for i in range(quick_jobs)]
+        )
+    ]
     ids.append(client.enqueue("demo.charge", {"amount": 42}, queue=QUEUE).job_id)
     ids.append(client.enqueue("demo.import_row", {"row": 17}, queue=QUEUE, max_retries=1).job_id)
     ids.append(client.enqueue("demo.nightly_report", {"seconds": 3.0}, queue=QUEUE).job_id)
     ids.append(client.enqueue("demo.export", {"table": "orders"}, queue=QUEUE).job_id)
-    console.print(f"enqueued {len(ids)} jobs; starting a worker (concurrency "
-                  f"{settings.concurrency})")
+    console.print(
+        f"enqueued {len(ids)} jobs; starting a worker (concurrency {settings.concurrency})"
+    )
 
-    demo_settings = settings.model_copy(update={
-        "queues": ["default", QUEUE], "retry_backoff_base": 0.5, "retry_backoff_max": 2.0,
-        "poll_max": 0.5,
-    })
+    demo_settings = settings.model_copy(
+        update={
+            "queues": ["default", QUEUE],
+            "retry_backoff_base": 0.5,
+            "retry_backoff_max": 2.0,
+            "poll_max": 0.5,
+        }
+    )
     configure("WARNING", settings.log_format)
     worker = Worker(url, demo_settings)
 
     async def main() -> None:
         runner = asyncio.create_task(worker.run())
-        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                      TimeElapsedColumn(), console=console) as progress:
+        with Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=console,
+        ) as progress:
             bar = progress.add_task("jobs finished", total=len(ids))
             while True:
                 done = await asyncio.to_thread(_finished, url, ids)
@@ -128,8 +141,10 @@ def run_demo(settings: Settings, quick_jobs: int = 40) -> None:
     _summary(console, url, ids)
     if server is not None and not was_running:
         server.stop()
-        console.print("embedded PostgreSQL stopped (its data stays in "
-                      f"{settings.data_dir}/pg; `worker db start` starts it again)")
+        console.print(
+            "embedded PostgreSQL stopped (its data stays in "
+            f"{settings.data_dir}/pg; `worker db start` starts it again)"
+        )
 
 
 def _finished(url: str, ids: list[str]) -> int:
@@ -150,12 +165,14 @@ def _summary(console: Console, url: str, ids: list[str]) -> None:
         by_status = conn.execute(
             "SELECT status, count(*), round(avg(extract(epoch FROM finished_at - started_at))"
             "::numeric, 3), sum(retry_count) FROM worker.jobs WHERE id = ANY(%s::uuid[]) "
-            "GROUP BY status ORDER BY status", (ids,),
+            "GROUP BY status ORDER BY status",
+            (ids,),
         ).fetchall()
         notable = conn.execute(
             "SELECT task, status, retry_count, coalesce(result::text, split_part(error, E'\\n', 1))"
             " FROM worker.jobs WHERE id = ANY(%s::uuid[]) AND task <> 'demo.thumbnail' "
-            "ORDER BY task", (ids,),
+            "ORDER BY task",
+            (ids,),
         ).fetchall()
     table = Table(title="jobs by status")
     for column in ("status", "jobs", "avg run time (s)", "retries"):

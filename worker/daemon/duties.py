@@ -19,7 +19,7 @@ from uuid import UUID
 
 from psycopg_pool import AsyncConnectionPool
 
-from worker.daemon.db import TRANSIENT, fetch
+from worker.daemon.db import TRANSIENT
 from worker.db import sql
 from worker.logs import fields
 from worker.models import TERMINAL_STATUSES
@@ -42,7 +42,8 @@ class Heartbeat:
         self._registration = registration
         self.interval = lease / 3
         self._on_cancel = on_cancel
-        self.healthy_since: float | None = None
+        self.healthy_since: float | None = None  # start of the current run of good beats
+        self.last_ok: float | None = None
 
     async def beat(self) -> None:
         loop = asyncio.get_running_loop()
@@ -67,8 +68,25 @@ class Heartbeat:
         except TRANSIENT:
             self.healthy_since = None
             raise
-        if self.healthy_since is None:
-            self.healthy_since = loop.time()
+        now = loop.time()
+        # A beat that hung through an outage and then went through still breaks the run.
+        if (
+            self.healthy_since is None
+            or self.last_ok is None
+            or now - self.last_ok > 2 * self.interval
+        ):
+            self.healthy_since = now
+        self.last_ok = now
+
+    def healthy_for(self, seconds: float) -> bool:
+        """True if every beat for `seconds` went through and the last one is recent."""
+        now = asyncio.get_running_loop().time()
+        return (
+            self.healthy_since is not None
+            and self.last_ok is not None
+            and now - self.healthy_since >= seconds
+            and now - self.last_ok <= 2 * self.interval
+        )
 
     async def run(self) -> None:
         while True:
@@ -91,7 +109,13 @@ class Rescuer:
         self._lease = lease
 
     async def rescue(self) -> int:
-        rows = await fetch(self._pool, sql.RESCUE, {"lease": self._lease})
+        async with self._pool.connection() as conn:
+            # Judged again with a connection in hand: waiting for one may have outlasted an
+            # outage, after which the other workers' heartbeats are not back yet.
+            if not self._heartbeat.healthy_for(self._lease):
+                return 0
+            cur = await conn.execute(sql.RESCUE, {"lease": self._lease})
+            rows = await cur.fetchall()
         for job_id, task, queue, _ in rows:
             log.warning(
                 "job %s (%s, queue %s) rescued: its worker stopped heartbeating; back to pending",
@@ -103,13 +127,11 @@ class Rescuer:
         return len(rows)
 
     async def run(self) -> None:
-        loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(self._lease / 4 * (0.75 + random.random() / 2))
-            since = self._heartbeat.healthy_since
             # Only a worker that has itself been reachable for a whole lease may judge others:
             # after an outage every heartbeat is stale, including the live workers'.
-            if since is None or loop.time() - since < self._lease:
+            if not self._heartbeat.healthy_for(self._lease):
                 continue
             try:
                 await self.rescue()

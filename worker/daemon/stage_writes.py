@@ -2,11 +2,13 @@
 
 Every stage start and end is written (and committed) before the job goes on, so a stage's
 output is never lost and a lost worker's cleanups are known. A commit waits for the WAL flush;
-one per write made a 3-stage job cost seven flushes. Writes that arrive while a flush is in
-progress go out together in the next transaction: one commit for what all running jobs wrote
-meanwhile, in one round trip, and each job still waits for its own write to be committed.
+one per write made a 3-stage job cost seven flushes. A stage's end and the next stage's
+start are one write (`sql.STAGE_ADVANCED`), so a 3-stage job makes four. Writes that arrive
+while a flush is in progress go out together in the next transaction: one commit for what all
+running jobs wrote meanwhile, in one round trip, and each job still waits for its own write to
+be committed.
 
-Up to `MAX_FLUSHES` such transactions are in flight at once, so a write never waits for a whole
+Up to `MAX_FLUSHES` such transactions are in flight at once, so a write seldom waits for a whole
 commit it is not part of (the server flushes concurrent commits' WAL together). That cannot
 reorder one job's writes: a job waits for each write before it makes the next.
 

@@ -200,8 +200,15 @@ class LocalPostgres:
             self._init()
         if not self.is_running():
             self._run(
-                "pg_ctl", "start", "-D", str(self.data_dir), "-w", "-t", str(int(timeout)),
-                "-l", str(self.data_dir / "server.log"),
+                "pg_ctl",
+                "start",
+                "-D",
+                str(self.data_dir),
+                "-w",
+                "-t",
+                str(int(timeout)),
+                "-l",
+                str(self.data_dir / "server.log"),
             )
         self._ensure_database()
         return self.url()
