@@ -45,6 +45,7 @@ from worker.db.engine import async_engine, database_url, psycopg_url, sync_engin
 from worker.models import TERMINAL_STATUSES, JobStatus
 from worker.schema import MAX_TASK_NAME, PRIORITY_RANGE
 from worker.settings import get_settings
+from worker.tasks import NotStorable, dumps
 
 JSON = Any
 log = logging.getLogger("worker.client")
@@ -118,15 +119,6 @@ delay=60, run_at=None, max_retries=None)
     max_retries: int | None = None
 
 
-# An escaped NUL in JSON text: `\u0000` preceded by an even number of backslashes (an odd
-# number means the backslash itself was escaped and the text is the harmless "\\u0000").
-_ESCAPED_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
-
-
-# One encoder for every payload: `json.dumps` with options builds a new one per call.
-_ENCODE = json.JSONEncoder(allow_nan=False, separators=(",", ":"), ensure_ascii=False).encode
-
-
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -139,19 +131,10 @@ def _validated(spec: JobSpec, max_bytes: int) -> dict[str, Any]:
             f"payload must be a JSON object (a dict), not {type(spec.payload).__name__}"
         )
     try:
-        text_ = _ENCODE(spec.payload)
-    except (TypeError, ValueError) as exc:
-        raise InvalidJob(f"payload is not JSON-serialisable: {exc}") from None
-    except RecursionError:
-        raise InvalidJob("payload is nested too deeply to be stored as JSON") from None
-    if "\\u0000" in text_ and _ESCAPED_NUL.search(text_):
-        raise InvalidJob("payload contains a NUL character, which PostgreSQL cannot store")
-    try:
-        size = len(text_) if text_.isascii() else len(text_.encode())
-    except UnicodeEncodeError:
-        raise InvalidJob(
-            "payload contains text that is not valid Unicode (a lone surrogate)"
-        ) from None
+        text_ = dumps(spec.payload)
+    except NotStorable as exc:
+        raise InvalidJob(f"payload {exc}") from None
+    size = len(text_) if text_.isascii() else len(text_.encode())
     if size > max_bytes:
         raise InvalidJob(
             f"payload is {size} bytes; the limit is {max_bytes} "
@@ -215,8 +198,8 @@ def _prepared_many(
     parts = []
     for job_id, r in zip(ids, rows, strict=True):
         task, queue, run_at, retries = r["task"], r["queue"], r["run_at"], r["max_retries"]
-        t = names.get(task) or names.setdefault(task, _ENCODE(task))
-        q = names.get(queue) or names.setdefault(queue, _ENCODE(queue))
+        t = names.get(task) or names.setdefault(task, dumps(task))
+        q = names.get(queue) or names.setdefault(queue, dumps(queue))
         ra = "null" if run_at is None else f'"{run_at.isoformat()}"'
         mr = "null" if retries is None else str(retries)
         parts.append(

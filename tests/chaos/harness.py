@@ -246,15 +246,15 @@ class Report:
                 out.write(line + "\n")
 
 
-def verify(url: str, scenario: str, seconds: float, *, all_completed: bool = True) -> Report:
+def verify(url: str, scenario: str, seconds: float) -> Report:
     """The end-of-scenario invariants; fails the test naming the first that does not hold."""
     statuses = counts(url)
     jobs = sum(statuses.values())
     assert statuses.get("processing", 0) == 0, f"jobs left processing: {statuses}"
     assert statuses.get("pending", 0) == 0, f"jobs left pending: {statuses}"
     assert statuses.get("paused", 0) == 0, f"jobs left paused: {statuses}"
-    if all_completed:
-        assert statuses == {"completed": jobs}, f"not every job completed: {statuses}"
+    # Retries are plenty (WORKER_MAX_RETRIES=25): faults alone must never fail a job.
+    assert statuses == {"completed": jobs}, f"not every job completed: {statuses}"
 
     illegal = query(
         url,

@@ -166,7 +166,7 @@ def test_pool_exhaustion_another_client_holds_every_spare_connection(own_server,
         killed_at = time.monotonic()
         # A worker started now cannot connect at all; it must wait, not crash.
         newcomer = workers.start(concurrency=6)
-        rescue = poll_on(admin, lambda: held_on(admin, victim_id) == 0, 60)
+        wait_until(lambda: held_on(admin, victim_id) == 0, 60, "the victim's jobs rescued")
         rescued_after = time.monotonic() - killed_at
         time.sleep(max(0.0, hold_for - (time.monotonic() - full_at)))
         done_during = finished_count_on(admin) - done_at_full
@@ -187,7 +187,6 @@ def test_pool_exhaustion_another_client_holds_every_spare_connection(own_server,
         "waiting_worker_started_after_release_s": round(newcomer_started, 2),
     }
     report.emit()
-    assert rescue
     assert done_during > 0, "no job finished while the server was full"
     assert survivor.poll() is None
     log = workers.log(newcomer)
@@ -210,15 +209,6 @@ def held_on(conn: psycopg.Connection[Any], worker_id: str) -> int:
     ).fetchone()
     assert row is not None
     return int(row[0])
-
-
-def poll_on(conn: psycopg.Connection[Any], predicate: Any, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout} s")
 
 
 def test_idle_in_tx_another_client_holding_locks_for_30s_loses_nothing(audited_url, fleet):

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
-import json
 import logging
 import os
 import socket
@@ -49,11 +48,13 @@ from worker.tasks import (
     Context,
     Executable,
     JobCancelled,
+    NotStorable,
     Outcome,
     PauseForResolution,
     Snooze,
     TaskTimeout,
     dumps,
+    settled_before_start,
 )
 
 log = logging.getLogger("worker.daemon")
@@ -62,33 +63,6 @@ job_log = logging.getLogger("worker.jobs")
 # The job whose code runs in the current task. A context variable, not the task's name: a
 # timeout (`asyncio.wait_for` before Python 3.12) runs the job's code in a task of its own.
 _running_job: contextvars.ContextVar[str] = contextvars.ContextVar("running_job", default="")
-
-
-def storable_json(value: Any) -> tuple[str | None, str | None]:
-    """`value` as JSON text PostgreSQL accepts, or (None, why not).
-
-    PostgreSQL's `jsonb` refuses what Python's encoder writes happily: a NUL character and
-    half of a surrogate pair; a value nested thousands deep stops the encoder itself.
-
-    >>> storable_json({"a": [1, 2]})
-    ('{"a":[1,2]}', None)
-    >>> storable_json("a\\x00b")[1]
-    'not storable: it contains a NUL character (\\\\u0000), which PostgreSQL refuses'
-    """
-    try:
-        text = dumps(value)
-    except TypeError as exc:
-        return None, str(exc)
-    except RecursionError:
-        return None, "nested too deeply to be stored as JSON"
-    if "\\u0000" in text:
-        return None, "not storable: it contains a NUL character (\\u0000), which PostgreSQL refuses"
-    if "\\ud" in text or "\\uD" in text:
-        try:
-            json.dumps(json.loads(text), ensure_ascii=False).encode()
-        except UnicodeEncodeError:
-            return None, "not storable: it contains half of a UTF-16 surrogate pair"
-    return text, None
 
 
 def storable_text(text: str) -> str:
@@ -443,7 +417,8 @@ class Worker:
                     "1000 levels); store it flatter or pass a reference",
                 )
             elif entry is None:
-                outcome = Outcome(
+                # A cancel requested while the job waited wins over the unknown name.
+                outcome = settled_before_start(job) or Outcome(
                     "failed",
                     error=f"no task named {job.task!r} is registered with this worker "
                     f"(known: {', '.join(sorted(self.registry)) or 'none'})",
@@ -458,10 +433,11 @@ class Worker:
                 )
                 outcome = await self._attempt(entry, ctx)
                 if outcome.kind in ("completed", "paused"):
-                    result_json, problem = storable_json(outcome.result)
-                    if problem is not None:
+                    try:
+                        result_json = dumps(outcome.result)
+                    except NotStorable as exc:
                         outcome = Outcome(
-                            "failed", error=f"task {job.task} returned a value that is {problem}"
+                            "failed", error=f"task {job.task} returned a value that {exc}"
                         )
             if outcome.error is not None:
                 outcome.error = storable_text(outcome.error)

@@ -66,9 +66,9 @@ ENQUEUE_MANY_AGAIN = ENQUEUE_MANY + "ON CONFLICT (id) DO NOTHING\n"
 # at 10,000 pending). Rows a queue locked beyond the outer LIMIT are released at commit.
 CLAIM = """
 WITH next AS (
-    SELECT c.id FROM unnest(%(queues)s::text[]) AS q(name)
+    SELECT c.id, c.error FROM unnest(%(queues)s::text[]) AS q(name)
     CROSS JOIN LATERAL (
-        SELECT id, priority, run_at FROM worker.jobs
+        SELECT id, priority, run_at, error FROM worker.jobs
         WHERE status = 'pending' AND queue = q.name AND run_at <= now()
         ORDER BY priority DESC, run_at
         LIMIT %(limit)s
@@ -82,7 +82,7 @@ SET status = 'processing', worker_id = %(worker_id)s, started_at = now(), error 
 FROM next WHERE j.id = next.id
 RETURNING j.id, j.task, j.payload, j.queue, j.priority, j.retry_count,
           coalesce(j.max_retries, %(default_max_retries)s) AS max_retries,
-          j.cancel_requested, j.answer, j.error AS last_error
+          j.cancel_requested, j.answer, next.error AS last_error
 """
 
 # Safe: guarded by status = 'processing' AND worker_id = us, so a job rescued from this worker
