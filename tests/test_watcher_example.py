@@ -127,10 +127,16 @@ def test_watcher_completes_with_three_outputs_and_leaves_no_files(
     assert rows[CLEANUP]["status"] == "completed"
     assert job_files(folder) == []  # status file, its .tmp and the artifact are gone
     assert not background_is_running(pid, status_file)
-    progress = [m for step, status, m in events(database_url, job_id) if status == "progress"]
-    polled = [m for m in progress if m["pct"] > 0]
-    assert polled and all("rows" in m for m in polled)
-    assert polled[-1] == {"pct": 100, "rows": ready["artifact_rows"]}
+
+    def polled() -> list[dict[str, int]]:
+        progress = [m for _, status, m in events(database_url, job_id) if status == "progress"]
+        return [m for m in progress if m["pct"] > 0]
+
+    # Progress events are written behind the job (every 50 ms), so the last one may land just
+    # after the job's outcome.
+    final = {"pct": 100, "rows": ready["artifact_rows"]}
+    wait_for(lambda: polled() and polled()[-1] == final, timeout=10, message="the 100% event")
+    assert all("rows" in m for m in polled())
 
 
 def test_crash_recovery_of_a_watcher_killed_in_stage_two(

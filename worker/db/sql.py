@@ -274,7 +274,7 @@ DELETE FROM worker.jobs AS j USING doomed WHERE j.id = doomed.id
 
 # A stage row is keyed by (job, stage); a snoozed stage keeps its first start, so a deadline
 # counts from when the stage first ran (a pause is not counted: a human may take days).
-STAGE_STARTED = """
+_STAGE_UPSERT = """
 INSERT INTO worker.job_stages (job_id, stage, kind, status, attempt)
 VALUES (%(job_id)s, %(stage)s, %(kind)s, 'running', %(attempt)s)
 ON CONFLICT (job_id, stage) DO UPDATE SET
@@ -284,6 +284,7 @@ ON CONFLICT (job_id, stage) DO UPDATE SET
                       THEN worker.job_stages.started_at ELSE now() END
 RETURNING extract(epoch FROM now() - started_at) AS age
 """
+STAGE_STARTED = _STAGE_UPSERT
 
 # Output and status in one statement: a completed stage always has its output stored.
 STAGE_FINISHED = """
@@ -296,21 +297,16 @@ WHERE job_id = %(job_id)s AND stage = %(stage)s
 # A stage's completion and the next stage's start in one statement (one commit): the output is
 # stored before the next stage runs, and the attempt stays marked as having open stages (owing
 # its cleanup) without a gap. Rows of one job only, written by the one worker running it.
-STAGE_ADVANCED = """
+STAGE_ADVANCED = (
+    """
 WITH done AS (
     UPDATE worker.job_stages
     SET status = 'completed', output = %(output)s::jsonb, error = NULL, finished_at = now()
     WHERE job_id = %(job_id)s AND stage = %(done)s
 )
-INSERT INTO worker.job_stages (job_id, stage, kind, status, attempt)
-VALUES (%(job_id)s, %(stage)s, %(kind)s, 'running', %(attempt)s)
-ON CONFLICT (job_id, stage) DO UPDATE SET
-    status = 'running', attempt = EXCLUDED.attempt, output = NULL, error = NULL,
-    finished_at = NULL,
-    started_at = CASE WHEN worker.job_stages.status = 'snoozed'
-                      THEN worker.job_stages.started_at ELSE now() END
-RETURNING extract(epoch FROM now() - started_at) AS age
 """
+    + _STAGE_UPSERT
+)
 
 # -- progress events ----------------------------------------------------------------------
 
