@@ -8,6 +8,17 @@ import sys
 import pytest
 
 
+def run_worker(env: dict[str, str], cwd: object) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "worker", "run", "testtasks"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=cwd,
+    )
+
+
 @pytest.mark.parametrize(
     ("variable", "value", "expected"),
     [
@@ -23,14 +34,7 @@ import pytest
 )
 def test_invalid_setting_exits_2_naming_the_variable(tmp_path, variable, value, expected):
     env = {"PATH": "/usr/bin:/bin", variable: value, "WORKER_DATA_DIR": str(tmp_path)}
-    proc = subprocess.run(
-        [sys.executable, "-m", "worker", "run", "testtasks"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=tmp_path,
-    )
+    proc = run_worker(env, tmp_path)
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1, proc.stderr
@@ -41,14 +45,7 @@ def test_invalid_setting_exits_2_naming_the_variable(tmp_path, variable, value, 
 
 def test_poll_min_greater_than_max_is_refused(tmp_path):
     env = {"PATH": "/usr/bin:/bin", "WORKER_POLL_MIN": "5", "WORKER_POLL_MAX": "1"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "worker", "run", "testtasks"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=tmp_path,
-    )
+    proc = run_worker(env, tmp_path)
     assert proc.returncode == 2
     assert "WORKER_POLL_MIN must not be greater than WORKER_POLL_MAX" in proc.stderr
     assert "Traceback" not in proc.stderr

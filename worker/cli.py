@@ -597,6 +597,8 @@ def jobs(
         "task": task,
         "older": parse_age(older_than, "--older-than") if older_than is not None else None,
         "newer": parse_age(newer_than, "--newer-than") if newer_than is not None else None,
+        "before_at": None,
+        "before_id": None,
         "limit": limit + 1,
         "offset": (page - 1) * limit,
     }

@@ -264,10 +264,13 @@ class _Api:
             "task": q.get("task") or None,
             "before_at": before_at,
             "before_id": before_id,
+            "older": None,
+            "newer": None,
             "limit": limit + 1,
+            "offset": 0,
         }
         async with self.client.engine.connect() as conn:
-            rows: list[Any] = list((await conn.exec_driver_sql(sql.LIST_JOBS, params)).fetchall())
+            rows: list[Any] = list((await conn.exec_driver_sql(sql.FIND_JOBS, params)).fetchall())
         jobs = [
             JobSummary(
                 id=str(r[0]),
@@ -278,9 +281,9 @@ class _Api:
                 retry_count=r[5],
                 error=r[6],
                 created_at=r[7],
-                started_at=r[8],
-                finished_at=r[9],
-                run_at=r[10],
+                run_at=r[8],
+                started_at=r[9],
+                finished_at=r[10],
             )
             for r in rows[:limit]
         ]

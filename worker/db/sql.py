@@ -337,21 +337,6 @@ WHERE job_id = %(job_id)s AND id > %(after)s ORDER BY id LIMIT %(limit)s
 
 # -- the HTTP edge (read-only) ------------------------------------------------------------
 
-# Read-only, so nothing to race: keyset pagination on (created_at, id), newest first, so rows
-# inserted meanwhile never shift a page and a deep page costs what the first one does.
-LIST_JOBS = """
-SELECT id, queue, task, status, priority, retry_count, split_part(error, E'\\n', 1) AS error,
-       created_at, started_at, finished_at, run_at
-FROM worker.jobs
-WHERE (%(status)s::text IS NULL OR status = %(status)s::text)
-  AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
-  AND (%(task)s::text IS NULL OR task = %(task)s::text)
-  AND (%(before_at)s::timestamptz IS NULL
-       OR (created_at, id) < (%(before_at)s::timestamptz, %(before_id)s::uuid))
-ORDER BY created_at DESC, id DESC
-LIMIT %(limit)s
-"""
-
 # Read-only: counts per queue and status; the pending age counts from when a job became due
 # (`run_at`), so a job delayed on purpose is not reported as waiting.
 JOB_STATS = """
@@ -367,7 +352,9 @@ HEALTH = "SELECT to_regclass('worker.jobs') IS NOT NULL AS has_schema"
 # -- operators' tools (the `worker` CLI, metrics) -----------------------------------------
 
 # Read-only. Newest first; a NULL parameter skips its filter; ages are seconds before now()
-# on the database's clock. One row more than the page is read, to tell whether more follow.
+# on the database's clock. Two ways to page: keyset on (created_at, id) for the API, so rows
+# inserted meanwhile never shift a page, and OFFSET for the CLI's numbered pages. One row more
+# than the page is read, to tell whether more follow.
 FIND_JOBS = """
 SELECT id, queue, task, status, priority, retry_count, split_part(error, E'\\n', 1) AS error,
        created_at, run_at, started_at, finished_at
@@ -377,6 +364,8 @@ WHERE (%(status)s::text IS NULL OR status = %(status)s::text)
   AND (%(task)s::text IS NULL OR task = %(task)s::text)
   AND (%(older)s::float8 IS NULL OR created_at < now() - make_interval(secs => %(older)s))
   AND (%(newer)s::float8 IS NULL OR created_at >= now() - make_interval(secs => %(newer)s))
+  AND (%(before_at)s::timestamptz IS NULL
+       OR (created_at, id) < (%(before_at)s::timestamptz, %(before_id)s::uuid))
 ORDER BY created_at DESC, id DESC
 LIMIT %(limit)s OFFSET %(offset)s
 """
