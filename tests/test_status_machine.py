@@ -1,7 +1,7 @@
 """The status machine under random sequences of operations (Hypothesis, stateful).
 
 Every operation is one of the real statements of `worker/db/sql.py` (enqueue, claim, record an
-outcome, cancel, resume, retry, rescue, release, prune, stage start), run against the real
+outcome, cancel, resume, retry, rescue, release, prune, stage write), run against the real
 PostgreSQL, in any order, by two workers that may lose their lease at any time and may write
 outcomes for jobs they no longer hold. After every step:
 
@@ -34,6 +34,7 @@ from hypothesis.stateful import (
 )
 
 from worker.db import sql
+from worker.db.records import json_records
 
 LEASE = 30.0
 OUTCOMES = ("completed", "paused", "retry", "failed", "cancelled", "snoozed")
@@ -116,18 +117,17 @@ class JobLifecycle(RuleBasedStateMachine):
             limit=limit,
             worker_id=self.workers[worker],
             default_max_retries=2,
+            pipelines=["work"],  # as a pipeline, so the claim also starts its first stage
+            first_stages=["load"],
         )
 
     def write_outcome(self, worker: int, job_id: uuid.UUID, outcome: str) -> None:
         result = {"completed": '"ok"', "paused": '{"question": "go on?"}'}.get(outcome)
         error = "boom" if outcome in ("retry", "failed", "cancelled") else None
+        row = {"id": str(job_id), "outcome": outcome, "error": error, "delay": 0.0}
         self.run(
             sql.RECORD_OUTCOMES,
-            ids=[job_id],
-            outcomes=[outcome],
-            results=[result],
-            errors=[error],
-            delays=[0.0],
+            outcomes=json_records([(row, {"result": result})]),
             worker_id=self.workers[worker],
             default_max_retries=2,
             backoff_base=0.0,
@@ -163,12 +163,21 @@ class JobLifecycle(RuleBasedStateMachine):
             assert self.row(job_id) == before, f"a stale {outcome} changed {job_id}"
 
     @precondition(lambda self: self.job_ids())
-    @rule(data=st.data())
-    def start_stage(self, data: st.DataObject) -> None:
+    @rule(worker=st.integers(0, 1), data=st.data())
+    def stage_write(self, worker: int, data: st.DataObject) -> None:
+        # Any job: unless this worker holds it, a late stage write must change nothing at all.
         job_id = data.draw(st.sampled_from(self.job_ids()))
-        (status,) = self.run("SELECT status FROM worker.jobs WHERE id = %(id)s", id=job_id)[0]
-        if status == "processing":  # the daemon only records stages of jobs it runs
-            self.run(sql.STAGE_STARTED, job_id=job_id, stage="load", kind="stage", attempt=1)
+        stages = "SELECT stage, status, output FROM worker.job_stages WHERE job_id = %(id)s"
+        before = self.row(job_id), self.run(stages, id=job_id)
+        write = {"n": 0, "job": str(job_id), "ended": "load", "status": "completed"}
+        write |= {"started": "store", "kind": "stage", "attempt": 1}
+        self.run(
+            sql.STAGE_WRITES,
+            writes=json_records([(write, {"output": '{"rows": 1}'})]),
+            worker_id=self.workers[worker],
+        )
+        if before[0][:2] != ("processing", self.workers[worker]):
+            assert (self.row(job_id), self.run(stages, id=job_id)) == before
 
     @precondition(lambda self: self.job_ids())
     @rule(action=st.sampled_from(["cancel", "resume", "retry"]), data=st.data())

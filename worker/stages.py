@@ -274,7 +274,8 @@ class Pipeline:
     async def execute(self, ctx: Context) -> Outcome:
         store: StageStore = ctx.runtime.store  # type: ignore[attr-defined]
         job = ctx.job
-        rows = {r.stage: r for r in await store.load(job.id)}
+        # On a job's first run the claim started its first stage, and there is nothing to read.
+        rows = {} if job.first_stage_started else {r.stage: r for r in await store.load(job.id)}
         ctx.outputs.update(
             {
                 name: r.output
@@ -324,7 +325,7 @@ class Pipeline:
         outcome = await self._run_stages(ctx, store, rows)
         if outcome.kind in ("snoozed", "paused"):
             return outcome  # the attempt goes on later; nothing to clean up yet
-        errors = await self._run_cleanups(ctx, store, job.attempt)
+        errors = await self._run_cleanups(ctx, store, job.attempt, after=outcome)
         return self._finish(ctx, self._with_cleanup_errors(outcome, errors))
 
     @staticmethod
@@ -344,17 +345,17 @@ class Pipeline:
     ) -> Outcome:
         job = ctx.job
         last_output: JSON = None
-        # A stage done whose completion is not recorded yet: it is recorded together with the
-        # next stage's start (one commit), and always before that stage runs.
+        # A stage done whose completion is not recorded yet. It is recorded with the next
+        # write, in one commit: the next stage's start, the first cleanup's start, or the job's
+        # outcome; always before anything else runs.
         done: tuple[str, str] | None = None
+        claim_started_it = job.first_stage_started
 
-        async def record_done() -> None:
-            nonlocal done
+        def hand_over(outcome: Outcome) -> Outcome:
             if done is not None:
-                name, text = done
-                await store.finished(job.id, name, "completed", output=text)
-                ctx.emit(name, "completed")
-                done = None
+                outcome.stage_done = done
+                ctx.emit(done[0], "completed")
+            return outcome
 
         for stage in self.main_stages:
             row = rows.get(stage.name)
@@ -364,14 +365,15 @@ class Pipeline:
                     ctx.emit(stage.name, "skipped", {"reason": "completed in an earlier attempt"})
                 continue
             if ctx.cancelled:  # the stage boundary: a cancel request stops the job here
-                await record_done()
-                return Outcome("cancelled", error=f"cancelled before stage {stage.name}")
+                return hand_over(Outcome("cancelled", error=f"cancelled before stage {stage.name}"))
             if done is not None:
                 age = await store.advance(
                     job.id, done[0], done[1], stage.name, "stage", job.attempt
                 )
                 ctx.emit(done[0], "completed")
                 done = None
+            elif claim_started_it:
+                age, claim_started_it = 0.0, False
             else:
                 age = await store.started(job.id, stage.name, "stage", job.attempt)
             if row is None or row.status != "snoozed":
@@ -413,9 +415,8 @@ class Pipeline:
                 ctx.step = ""
             done = (stage.name, text)
             ctx.outputs[stage.name] = last_output = output
-        await record_done()
         result = self._result(dict(ctx.outputs)) if self._result else last_output
-        return Outcome("completed", result=result)
+        return hand_over(Outcome("completed", result=result))
 
     async def _invoke(self, ctx: Context, stage: Stage, age: float) -> Any:
         """Run one stage within what is left of its deadline."""
@@ -440,13 +441,21 @@ class Pipeline:
                 f"first started (its deadline)"
             ) from None
 
-    async def _run_cleanups(self, ctx: Context, store: StageStore, attempt: int) -> list[str]:
+    async def _run_cleanups(
+        self, ctx: Context, store: StageStore, attempt: int, after: Outcome | None = None
+    ) -> list[str]:
+        """Run the cleanups; a stage completion `after` carries is recorded with the first
+        one's start (before it runs), not left for the job's outcome."""
         errors = []
         # Cleanups are not bound by the job's timeout: they must run even after it passed.
         job_deadline, ctx.deadline = ctx.deadline, None
         try:
             for stage in self.cleanups:
-                await store.started(ctx.job.id, stage.name, "cleanup", attempt)
+                if after is not None and after.stage_done is not None:
+                    (done, output), after.stage_done = after.stage_done, None
+                    await store.advance(ctx.job.id, done, output, stage.name, "cleanup", attempt)
+                else:
+                    await store.started(ctx.job.id, stage.name, "cleanup", attempt)
                 ctx.emit(stage.name, "started", {"attempt": attempt})
                 ctx.step = stage.name
                 try:

@@ -84,6 +84,9 @@ class ClaimedJob:
     cancel_requested: bool
     answer: JSON
     last_error: str | None
+    # The claim recorded the first stage of this pipeline job as running: its first run, so
+    # it has no other stage rows (see `sql.CLAIM`).
+    first_stage_started: bool = False
 
     @property
     def attempt(self) -> int:
@@ -98,6 +101,9 @@ class Outcome:
     result: JSON = None
     error: str | None = None
     delay: float = 0.0
+    # A pipeline stage that finished with the attempt, written with the outcome:
+    # (stage name, output as JSON text; None if the output could not be stored).
+    stage_done: tuple[str, str | None] | None = None
 
 
 class Runtime(Protocol):
@@ -158,8 +164,11 @@ class Context:
         self.emit(self.step or self.job.task, "progress", message or None)
 
     def emit(self, step: str, status: str, message: dict[str, JSON] | None = None) -> None:
+        # Built without validation: every field comes from this module (several per stage).
         self.runtime.bus.publish(
-            ProgressEvent(job_id=self.job_id, step=step, status=status, message=message)  # type: ignore[arg-type]
+            ProgressEvent.model_construct(
+                job_id=self.job_id, step=step, status=status, message=message
+            )
         )
 
     def snooze(self, seconds: float) -> None:

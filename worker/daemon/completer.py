@@ -20,6 +20,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from worker.daemon.db import Patience, fetch
 from worker.db import sql
+from worker.db.records import json_records
 from worker.settings import Settings
 from worker.tasks import Outcome
 
@@ -92,9 +93,11 @@ class Completer:
                 rows += await write((job_id, outcome))
             except (psycopg.DataError, UnicodeError) as exc:
                 reason = (str(exc).strip().splitlines() or [""])[0]
+                stage = outcome.stage_done and (outcome.stage_done[0], None)
                 refused = Outcome(
                     "failed",
                     error=f"the job's outcome could not be stored: {type(exc).__name__}: {reason}",
+                    stage_done=stage,
                 )
                 rows += await write((job_id, refused))
         return rows
@@ -105,15 +108,29 @@ class Completer:
 
     async def _write(self, batch: list[tuple[UUID, Outcome]]) -> list[tuple[Any, ...]]:
         s = self._settings
+        outcomes = json_records(
+            (
+                {
+                    "id": str(job_id),
+                    "outcome": o.kind,
+                    "error": o.error,
+                    "delay": o.delay,
+                    "stage": o.stage_done[0] if o.stage_done else None,
+                    "stage_status": (
+                        ("failed" if o.stage_done[1] is None else "completed")
+                        if o.stage_done
+                        else None
+                    ),
+                },
+                {"result": o.result, "stage_output": o.stage_done[1] if o.stage_done else None},
+            )
+            for job_id, o in batch
+        )
         return await fetch(
             self._pool,
             sql.RECORD_OUTCOMES,
             {
-                "ids": [job_id for job_id, _ in batch],
-                "outcomes": [o.kind for _, o in batch],
-                "results": [o.result for _, o in batch],
-                "errors": [o.error for _, o in batch],
-                "delays": [o.delay for _, o in batch],
+                "outcomes": outcomes,
                 "worker_id": self._worker_id,
                 "default_max_retries": s.max_retries,
                 "backoff_base": s.retry_backoff_base,

@@ -36,12 +36,12 @@ from worker.daemon.db import (
     make_pool,
 )
 from worker.daemon.duties import Heartbeat, Rescuer, Retention
-from worker.daemon.stage_writes import StageWrites
+from worker.daemon.stage_writes import StageWrite, StageWrites
 from worker.db import sql
 from worker.events import PostgresBus, ProgressBus
 from worker.logs import fields
 from worker.settings import Settings
-from worker.stages import StageRow
+from worker.stages import Pipeline, StageRow
 from worker.tasks import (
     REGISTRY,
     ClaimedJob,
@@ -84,10 +84,10 @@ def next_poll_delay(current: float, found_work: bool, poll_min: float, poll_max:
 class PgStageStore:
     """Stage bookkeeping on the daemon's pool (see `stages.StageStore`)."""
 
-    def __init__(self, pool: AsyncConnectionPool, patience: Patience) -> None:
+    def __init__(self, pool: AsyncConnectionPool, patience: Patience, worker_id: UUID) -> None:
         self._pool = pool
         self._patience = patience
-        self._writes = StageWrites(pool)  # concurrent jobs' stage writes share one commit
+        self._writes = StageWrites(pool, worker_id)  # concurrent jobs' writes share one commit
 
     async def load(self, job_id: UUID) -> list[StageRow]:
         rows = await self._patience.run(
@@ -95,43 +95,37 @@ class PgStageStore:
         )
         return [StageRow(r[0], r[1], r[2], r[3], r[4], r[5]) for r in rows]
 
+    async def _run(self, doing: str, write: StageWrite) -> float:
+        age = await self._patience.run(doing, lambda: self._writes.run(write))
+        if age is None:
+            raise JobLost(
+                f"this worker no longer holds job {write.job_id} (it was rescued after a lost "
+                "heartbeat); the attempt stops here"
+            )
+        return age
+
     async def started(self, job_id: UUID, stage: str, kind: str, attempt: int) -> float:
-        params = {"job_id": job_id, "stage": stage, "kind": kind, "attempt": attempt}
-        rows = await self._patience.run(
-            "recording a stage start", lambda: self._writes.run(sql.STAGE_STARTED, params)
-        )
-        return float(rows[0][0])
+        write = StageWrite(job_id, started=stage, kind=kind, attempt=attempt)
+        return await self._run("recording a stage start", write)
 
     async def finished(
         self, job_id: UUID, stage: str, status: str, output: Any = None, error: str | None = None
     ) -> None:
-        params = {
-            "job_id": job_id,
-            "stage": stage,
-            "status": status,
-            "output": output,
-            "error": error,
-        }
-        await self._patience.run(
-            "recording a stage end", lambda: self._writes.run(sql.STAGE_FINISHED, params)
-        )
+        error = storable_text(error) if error is not None else None
+        write = StageWrite(job_id, ended=stage, status=status, output=output, error=error)
+        await self._run("recording a stage end", write)
 
     async def advance(
         self, job_id: UUID, done: str, output: Any, stage: str, kind: str, attempt: int
     ) -> float:
-        params = {
-            "job_id": job_id,
-            "done": done,
-            "output": output,
-            "stage": stage,
-            "kind": kind,
-            "attempt": attempt,
-        }
-        rows = await self._patience.run(
-            "recording a stage end and the next start",
-            lambda: self._writes.run(sql.STAGE_ADVANCED, params),
+        write = StageWrite(
+            job_id, ended=done, output=output, started=stage, kind=kind, attempt=attempt
         )
-        return float(rows[0][0])
+        return await self._run("recording a stage end and the next start", write)
+
+
+class JobLost(Exception):
+    """The job was taken from this worker (rescued) while it ran; its attempt stops."""
 
 
 class Worker:
@@ -167,7 +161,7 @@ class Worker:
         self._executor = ThreadPoolExecutor(settings.concurrency, "worker-task")
         self._patience = Patience(self._stop.is_set)
         self.pool: AsyncConnectionPool = make_pool(url, settings.concurrency)
-        self.store = PgStageStore(self.pool, self._patience)
+        self.store = PgStageStore(self.pool, self._patience, self.id)
         self.processed = 0
         # Outcomes handed to the completer but not written yet: the database still shows these
         # jobs as ours, and `_release_lost_claims` must not hand them back.
@@ -336,6 +330,7 @@ class Worker:
                         "limit": free,
                         "worker_id": self.id,
                         "default_max_retries": s.max_retries,
+                        **self._first_stages(),
                     },
                 )
             except TRANSIENT as exc:
@@ -363,6 +358,18 @@ class Worker:
             delay = next_poll_delay(
                 delay, bool(rows) or self._notified.is_set(), s.poll_min, s.poll_max
             )
+
+    def _first_stages(self) -> dict[str, list[str]]:
+        """The registered pipelines and their first stages, for the claim to start them."""
+        pipelines = [
+            (name, entry.main_stages[0].name)
+            for name, entry in self.registry.items()
+            if isinstance(entry, Pipeline) and entry.main_stages
+        ]
+        return {
+            "pipelines": [name for name, _ in pipelines],
+            "first_stages": [stage for _, stage in pipelines],
+        }
 
     async def _release_lost_claims(self) -> None:
         """Hand back jobs a claim took whose answer never arrived (the connection broke after
@@ -437,7 +444,9 @@ class Worker:
                         result_json = dumps(outcome.result)
                     except NotStorable as exc:
                         outcome = Outcome(
-                            "failed", error=f"task {job.task} returned a value that {exc}"
+                            "failed",
+                            error=f"task {job.task} returned a value that {exc}",
+                            stage_done=outcome.stage_done,
                         )
             if outcome.error is not None:
                 outcome.error = storable_text(outcome.error)
@@ -471,6 +480,9 @@ class Worker:
             return Outcome("paused", result=pause.question)
         except TaskTimeout as exc:
             return Outcome("retry", error=str(exc))
+        except JobLost as exc:
+            log.warning("%s", exc, extra=fields("job.lost", job_id=ctx.job_id))
+            return Outcome("retry", error=str(exc))  # the guarded outcome write skips it
         except Exception as exc:
             return Outcome(
                 "retry", error=f"{type(exc).__name__}: {exc}\n" + traceback.format_exc(limit=30)

@@ -1,49 +1,69 @@
 """Stage bookkeeping writes from all running jobs, committed together.
 
-Every stage start and end is written (and committed) before the job goes on, so a stage's
-output is never lost and a lost worker's cleanups are known. A commit waits for the WAL flush;
-one per write made a 3-stage job cost seven flushes. A stage's end and the next stage's
-start are one write (`sql.STAGE_ADVANCED`), so a 3-stage job makes four. Writes that arrive
-while a flush is in progress go out together in the next transaction: one commit for what all
-running jobs wrote meanwhile, in one round trip, and each job still waits for its own write to
-be committed.
+Every stage start and end is committed before the job goes on, so a stage's output is never
+lost and a lost worker's cleanups are known. A commit waits for the WAL flush, so the writes
+are few: a pipeline's first stage starts with the claim (`sql.CLAIM`), a stage's end and the
+next one's start are one write, and the last stage's end goes with the job's outcome
+(`sql.RECORD_OUTCOMES`): a 3-stage job makes two. Writes that arrive while a flush is in
+progress go out together in the next statement (`sql.STAGE_WRITES`): one commit for what all
+running jobs wrote meanwhile, and each job still waits for its own write to be committed.
 
-Up to `MAX_FLUSHES` such transactions are in flight at once, so a write seldom waits for a whole
+Up to `MAX_FLUSHES` such statements are in flight at once, so a write seldom waits for a whole
 commit it is not part of (the server flushes concurrent commits' WAL together). That cannot
 reorder one job's writes: a job waits for each write before it makes the next.
 
-    writes = StageWrites(pool)
-    rows = await writes.run(sql.STAGE_STARTED, params)   # returns once committed
+    writes = StageWrites(pool, worker_id)
+    age = await writes.run(StageWrite(job_id, started="load", kind="stage", attempt=1))
 """
 
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 from typing import Any
+from uuid import UUID
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from worker.daemon.db import TRANSIENT
+from worker.daemon.db import TRANSIENT, fetch
+from worker.db import sql
+from worker.db.records import json_records
 
-Rows = list[tuple[Any, ...]]
-
-# Transactions in flight at once (each holds a pooled connection while it commits).
+# Statements in flight at once (each holds a pooled connection while it commits).
 MAX_FLUSHES = 3
 
 
+@dataclass
+class StageWrite:
+    """End the stage `ended` with `status` (and `output`, JSON text, or `error`), start the
+    stage `started` (of `kind`, in `attempt`), or both at once."""
+
+    job_id: UUID
+    ended: str | None = None
+    status: str = "completed"
+    output: str | None = None
+    error: str | None = None
+    started: str | None = None
+    kind: str = "stage"
+    attempt: int = 0
+
+
 class StageWrites:
-    def __init__(self, pool: AsyncConnectionPool[Any]) -> None:
+    def __init__(self, pool: AsyncConnectionPool[Any], worker_id: UUID) -> None:
         self._pool = pool
-        self._pending: list[tuple[str, dict[str, Any], asyncio.Future[Rows]]] = []
+        self._worker_id = worker_id
+        self._pending: list[tuple[StageWrite, asyncio.Future[float | None]]] = []
         self._flushers: set[asyncio.Task[None]] = set()
 
-    async def run(self, statement: str, params: dict[str, Any]) -> Rows:
-        """Run `statement` in the next shared transaction; return its rows once committed."""
-        future: asyncio.Future[Rows] = asyncio.get_running_loop().create_future()
+    async def run(self, write: StageWrite) -> float | None:
+        """Commit `write` in the next shared statement. Returns the seconds since the started
+        stage first started (0 if none starts), or None if this worker no longer holds the
+        job (it was rescued after a lost heartbeat): then nothing was written."""
+        future: asyncio.Future[float | None] = asyncio.get_running_loop().create_future()
         # A writer cancelled while waiting (shutdown) leaves nobody to read an error.
         future.add_done_callback(lambda f: f.cancelled() or f.exception())
-        self._pending.append((statement, params, future))
+        self._pending.append((write, future))
         if len(self._flushers) < MAX_FLUSHES:
             flusher = asyncio.create_task(self._flush(), name="stage-writes")
             self._flushers.add(flusher)
@@ -54,53 +74,60 @@ class StageWrites:
         while self._pending:
             batch, self._pending = self._pending, []
             try:
-                results = await self._write([(s, p) for s, p, _ in batch])
+                ages = await self._write([w for w, _ in batch])
             except TRANSIENT as exc:
-                for *_, future in batch:  # each writer retries under its own patience
+                for _, future in batch:  # each writer retries under its own patience
                     _settle(future, exc=exc)
                 continue
             except psycopg.Error as exc:
                 if len(batch) == 1:
-                    _settle(batch[0][2], exc=exc)
+                    _settle(batch[0][1], exc=exc)
                     continue
                 # One write was refused: the others must not fail with it. Alone, each one
                 # succeeds or fails on its own account.
-                for statement, params, future in batch:
+                for write, future in batch:
                     try:
-                        _settle(future, rows=(await self._write([(statement, params)]))[0])
+                        _settle(future, age=(await self._write([write]))[0])
                     except (*TRANSIENT, psycopg.Error) as one:
                         _settle(future, exc=one)
                 continue
             except BaseException as exc:
-                for *_, future in batch:
+                for _, future in batch:
                     _settle(future, exc=exc)
                 raise
-            for (*_, future), rows in zip(batch, results, strict=True):
-                _settle(future, rows=rows)
+            for (_, future), age in zip(batch, ages, strict=True):
+                _settle(future, age=age)
 
-    async def _write(self, batch: list[tuple[str, dict[str, Any]]]) -> list[Rows]:
-        async with self._pool.connection() as conn:
-            if len(batch) == 1:  # autocommit: the statement is its own transaction
-                cur = await conn.execute(*batch[0])
-                return [await cur.fetchall() if cur.description else []]
-            # Several statements in one simple query run as one implicit transaction, in one
-            # round trip (psycopg's pipeline mode does the same at several times the CPU cost).
-            # The values are quoted client-side by psycopg, as literals of their types.
-            client = psycopg.AsyncClientCursor(conn)
-            await client.execute(";\n".join(client.mogrify(st, params) for st, params in batch))
-            results: list[Rows] = []
-            while True:
-                results.append(await client.fetchall() if client.description else [])
-                if not client.nextset():
-                    return results
+    async def _write(self, batch: list[StageWrite]) -> list[float | None]:
+        writes = json_records(
+            (
+                {
+                    "n": n,
+                    "job": str(w.job_id),
+                    "ended": w.ended,
+                    "status": w.status,
+                    "error": w.error,
+                    "started": w.started,
+                    "kind": w.kind,
+                    "attempt": w.attempt,
+                },
+                {"output": w.output},
+            )
+            for n, w in enumerate(batch)
+        )
+        rows = await fetch(
+            self._pool, sql.STAGE_WRITES, {"writes": writes, "worker_id": self._worker_id}
+        )
+        ages: dict[int, float] = {n: float(age) for n, age in rows}
+        return [ages.get(n) for n in range(len(batch))]
 
 
 def _settle(
-    future: asyncio.Future[Rows], rows: Rows | None = None, exc: BaseException | None = None
+    future: asyncio.Future[float | None], age: float | None = None, exc: BaseException | None = None
 ) -> None:
     if future.done():
         return
     if exc is not None:
         future.set_exception(exc)
     else:
-        future.set_result(rows or [])
+        future.set_result(age)

@@ -76,25 +76,42 @@ WITH next AS (
     ) AS c
     ORDER BY c.priority DESC, c.run_at
     LIMIT %(limit)s
+), claimed AS (
+    UPDATE worker.jobs AS j
+    SET status = 'processing', worker_id = %(worker_id)s, started_at = now(), error = NULL
+    FROM next WHERE j.id = next.id
+    RETURNING j.id, j.task, j.payload, j.queue, j.priority, j.retry_count,
+              coalesce(j.max_retries, %(default_max_retries)s) AS max_retries,
+              j.cancel_requested, j.answer, next.error AS last_error
+), first_stage AS (
+    -- A pipeline job that never ran (no row for its first stage, hence none at all) starts
+    -- its first stage with the claim: one commit less per job. Jobs that will not run (as
+    -- `settled_before_start`) get no row. Only the claimer writes: it holds the job's row.
+    INSERT INTO worker.job_stages (job_id, stage, kind, status, attempt)
+    SELECT c.id, p.stage, 'stage', 'running', c.retry_count + 1
+    FROM claimed AS c
+    JOIN unnest(%(pipelines)s::text[], %(first_stages)s::text[]) AS p(task, stage)
+        ON p.task = c.task
+    WHERE NOT c.cancel_requested AND c.retry_count <= c.max_retries
+    ON CONFLICT (job_id, stage) DO NOTHING
+    RETURNING job_id
 )
-UPDATE worker.jobs AS j
-SET status = 'processing', worker_id = %(worker_id)s, started_at = now(), error = NULL
-FROM next WHERE j.id = next.id
-RETURNING j.id, j.task, j.payload, j.queue, j.priority, j.retry_count,
-          coalesce(j.max_retries, %(default_max_retries)s) AS max_retries,
-          j.cancel_requested, j.answer, next.error AS last_error
+SELECT c.*, c.id IN (SELECT job_id FROM first_stage) AS first_stage_started FROM claimed AS c
 """
 
 # Safe: guarded by status = 'processing' AND worker_id = us, so a job rescued from this worker
 # (and perhaps finished by another) is never overwritten; the NOTIFY is sent at commit, after
 # the rows are visible, so a waiter woken by it reads the final state.
 # `outcome` is completed | retry | failed | cancelled | paused | snoozed. A retry becomes
-# pending after a backoff with jitter while retries remain, else failed.
+# pending after a backoff with jitter while retries remain, else failed. `stage`, if not NULL,
+# is a pipeline stage that finished with the attempt: it is recorded in the same statement (one
+# commit less per job), only where `done` took the outcome (the job is ours). Rows: see
+# `json_records` (a JSON null result or output arrives as SQL NULL, hence the coalesce).
 RECORD_OUTCOMES = """
 WITH r AS (
-    SELECT * FROM unnest(%(ids)s::uuid[], %(outcomes)s::text[], %(results)s::text[],
-                         %(errors)s::text[], %(delays)s::float8[])
-             AS r(id, outcome, result, error, delay)
+    SELECT * FROM json_to_recordset(CAST(%(outcomes)s AS json)) AS r(
+        id uuid, outcome text, result jsonb, error text, delay float8, stage text,
+        stage_status text, stage_output jsonb)
 ), done AS (
     UPDATE worker.jobs AS j SET
         status = CASE
@@ -112,8 +129,10 @@ WITH r AS (
                 %(backoff_max)s, %(backoff_base)s * power(2, j.retry_count)) * (0.5 + random() / 2))
             WHEN r.outcome = 'snoozed' THEN now() + make_interval(secs => r.delay)
             ELSE j.run_at END,
-        result = CASE WHEN r.outcome = 'completed' THEN r.result::jsonb ELSE j.result END,
-        question = CASE WHEN r.outcome = 'paused' THEN r.result::jsonb ELSE j.question END,
+        result = CASE WHEN r.outcome = 'completed' THEN coalesce(r.result, 'null')
+                      ELSE j.result END,
+        question = CASE WHEN r.outcome = 'paused' THEN coalesce(r.result, 'null')
+                        ELSE j.question END,
         error = coalesce(r.error, CASE WHEN r.outcome = 'snoozed' THEN j.error END),
         finished_at = CASE WHEN r.outcome IN ('completed', 'failed', 'cancelled') THEN now()
                            WHEN r.outcome = 'retry' AND j.retry_count >= coalesce(
@@ -121,6 +140,14 @@ WITH r AS (
     FROM r
     WHERE j.id = r.id AND j.status = 'processing' AND j.worker_id = %(worker_id)s
     RETURNING j.id, j.status, j.task, j.queue, j.retry_count, j.started_at
+), stage_done AS (
+    UPDATE worker.job_stages AS s SET
+        status = r.stage_status,
+        output = CASE WHEN r.stage_status = 'completed' THEN coalesce(r.stage_output, 'null') END,
+        error = CASE WHEN r.stage_status <> 'completed' THEN 'its output could not be stored' END,
+        finished_at = now()
+    FROM r JOIN done ON done.id = r.id
+    WHERE s.job_id = r.id AND s.stage = r.stage
 )
 SELECT id, status, task, queue, retry_count,
        extract(epoch FROM now() - started_at) AS duration,
@@ -272,41 +299,41 @@ DELETE FROM worker.jobs AS j USING doomed WHERE j.id = doomed.id
 
 # -- stages -------------------------------------------------------------------------------
 
-# A stage row is keyed by (job, stage); a snoozed stage keeps its first start, so a deadline
-# counts from when the stage first ran (a pause is not counted: a human may take days).
-_STAGE_UPSERT = """
-INSERT INTO worker.job_stages (job_id, stage, kind, status, attempt)
-VALUES (%(job_id)s, %(stage)s, %(kind)s, 'running', %(attempt)s)
-ON CONFLICT (job_id, stage) DO UPDATE SET
-    status = 'running', attempt = EXCLUDED.attempt, output = NULL, error = NULL,
-    finished_at = NULL,
-    started_at = CASE WHEN worker.job_stages.status = 'snoozed'
-                      THEN worker.job_stages.started_at ELSE now() END
-RETURNING extract(epoch FROM now() - started_at) AS age
-"""
-STAGE_STARTED = _STAGE_UPSERT
-
-# Output and status in one statement: a completed stage always has its output stored.
-STAGE_FINISHED = """
-UPDATE worker.job_stages
-SET status = %(status)s, output = %(output)s::jsonb, error = %(error)s,
-    finished_at = CASE WHEN %(status)s IN ('snoozed', 'paused') THEN NULL ELSE now() END
-WHERE job_id = %(job_id)s AND stage = %(stage)s
-"""
-
-# A stage's completion and the next stage's start in one statement (one commit): the output is
-# stored before the next stage runs, and the attempt stays marked as having open stages (owing
-# its cleanup) without a gap. Rows of one job only, written by the one worker running it.
-STAGE_ADVANCED = (
-    """
-WITH done AS (
-    UPDATE worker.job_stages
-    SET status = 'completed', output = %(output)s::jsonb, error = NULL, finished_at = now()
-    WHERE job_id = %(job_id)s AND stage = %(done)s
+# The stage bookkeeping of any number of running jobs in one statement, so one commit: each
+# write ends a stage (`ended`, with `status`, `output`, `error`), starts one (`started`), or
+# both, which stores a stage's output before the next one runs with no gap in which the attempt
+# has no open stage (its cleanup would not be known to be owed). A snoozed stage keeps its
+# first start, so a deadline counts from when the stage first ran (a pause does not count: a
+# human may take days). Rows: see `json_records`; `n` numbers them for the answer.
+# Safe: only jobs this worker holds are written (FOR SHARE: a rescue or a cancel waits for this
+# commit, and a job they took first is left alone); a job has one write in flight at a time, so
+# no row is written twice in one statement.
+STAGE_WRITES = """
+WITH w AS (
+    SELECT w.* FROM json_to_recordset(CAST(%(writes)s AS json)) AS w(
+        n int, job uuid, ended text, status text, output jsonb, error text, started text,
+        kind text, attempt int)
+    JOIN worker.jobs AS j ON j.id = w.job
+    WHERE j.status = 'processing' AND j.worker_id = %(worker_id)s
+    FOR SHARE OF j
+), ended AS (
+    UPDATE worker.job_stages AS s SET
+        status = w.status,
+        output = CASE WHEN w.status = 'completed' THEN coalesce(w.output, 'null') END,
+        error = w.error,
+        finished_at = CASE WHEN w.status IN ('snoozed', 'paused') THEN NULL ELSE now() END
+    FROM w WHERE s.job_id = w.job AND s.stage = w.ended
+), started AS (
+    INSERT INTO worker.job_stages AS s (job_id, stage, kind, status, attempt)
+    SELECT w.job, w.started, w.kind, 'running', w.attempt FROM w WHERE w.started IS NOT NULL
+    ON CONFLICT (job_id, stage) DO UPDATE SET
+        status = 'running', attempt = EXCLUDED.attempt, output = NULL, error = NULL,
+        finished_at = NULL,
+        started_at = CASE WHEN s.status = 'snoozed' THEN s.started_at ELSE now() END
+    RETURNING s.job_id, extract(epoch FROM now() - s.started_at) AS age
 )
+SELECT w.n, coalesce(started.age, 0) FROM w LEFT JOIN started ON started.job_id = w.job
 """
-    + _STAGE_UPSERT
-)
 
 # -- progress events ----------------------------------------------------------------------
 
@@ -315,16 +342,15 @@ WITH done AS (
 # job (a rescued job whose old worker still runs) commit them in id order: a reader resuming
 # after id N never misses a later-committed event with a smaller id. One NOTIFY per job.
 PUBLISH_EVENTS = """
-WITH locked AS (
+WITH e AS MATERIALIZED (
+    SELECT * FROM json_to_recordset(CAST(%(events)s AS json))
+        AS e(job_id uuid, step text, status text, message jsonb, created_at timestamptz)
+), locked AS (
     SELECT count(pg_advisory_xact_lock(2003138164, h)) AS n
-    FROM (SELECT DISTINCT hashtext(j::text) AS h FROM unnest(%(job_ids)s::uuid[]) AS j
-          ORDER BY h) AS d
+    FROM (SELECT DISTINCT hashtext(job_id::text) AS h FROM e ORDER BY h) AS d
 ), ins AS (
     INSERT INTO worker.job_events (job_id, step, status, message, created_at)
-    SELECT e.* FROM locked,
-        unnest(%(job_ids)s::uuid[], %(steps)s::text[], %(statuses)s::text[],
-               %(messages)s::jsonb[], %(created)s::timestamptz[])
-        AS e(job_id, step, status, message, created_at)
+    SELECT e.* FROM locked, e
     RETURNING job_id
 )
 SELECT pg_notify('worker_events', job_id::text) FROM (SELECT DISTINCT job_id FROM ins) AS d

@@ -41,6 +41,7 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from worker.db import sql
+from worker.db.records import json_records
 from worker.models import ProgressEvent
 
 log = logging.getLogger("worker.events")
@@ -232,16 +233,19 @@ class PostgresBus:
 
     @staticmethod
     async def _write(conn: psycopg.AsyncConnection[Any], batch: list[_Pending]) -> None:
-        await conn.execute(
-            sql.PUBLISH_EVENTS,
-            {
-                "job_ids": [e.job_id for e in batch],
-                "steps": [e.step for e in batch],
-                "statuses": [e.status for e in batch],
-                "messages": [e.message for e in batch],
-                "created": [e.created_at for e in batch],
-            },
+        events = json_records(
+            (
+                {
+                    "job_id": e.job_id,
+                    "step": e.step,
+                    "status": e.status,
+                    "created_at": e.created_at.isoformat(),
+                },
+                {"message": e.message},
+            )
+            for e in batch
         )
+        await conn.execute(sql.PUBLISH_EVENTS, {"events": events})
 
     # -- reading ----------------------------------------------------------------------------
 
