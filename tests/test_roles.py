@@ -89,7 +89,14 @@ def test_client_role_may_enqueue_and_read_but_not_change_jobs(database_url, logi
     refused(
         url,
         sql.CLAIM,
-        {"queues": ["default"], "limit": 1, "worker_id": uuid.uuid4(), "default_max_retries": 3},
+        {
+            "queues": ["default"],
+            "limit": 1,
+            "worker_id": uuid.uuid4(),
+            "default_max_retries": 3,
+            "pipelines": [],
+            "first_stages": [],
+        },
     )
     refused(
         url,
