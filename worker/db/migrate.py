@@ -8,7 +8,10 @@ from pathlib import Path
 from alembic import command
 from alembic.config import Config
 
-MIGRATIONS = Path(__file__).resolve().parents[2] / "migrations"
+# Installed from a wheel, the migrations ship inside the package (`worker/_migrations`, see
+# pyproject.toml); in a source checkout (and an editable install) they are `migrations/`.
+_PACKAGED = Path(__file__).resolve().parents[1] / "_migrations"
+MIGRATIONS = _PACKAGED if _PACKAGED.is_dir() else Path(__file__).resolve().parents[2] / "migrations"
 
 
 def alembic_config(url: str | None = None) -> Config:
