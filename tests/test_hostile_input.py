@@ -97,11 +97,17 @@ def test_worker_handles_oversized_and_deeply_nested_payloads_inserted_by_sql(
     and the jobs around it run normally."""
     url = database_url
     big = insert(url, "echo", json.dumps({"blob": "x" * 10_000_000}))
-    nested = insert(url, "echo", '{"deep": ' + "[" * 10_000 + "]" * 10_000 + "}")
+    deep = '{"deep": ' + "[" * 10_000 + "]" * 10_000 + "}"
+    nested = insert(url, "echo", deep)
+    nested_pipeline = insert(url, "chaos_pipeline", deep)
     after = insert(url, "echo", '{"a": 1, "b": 2}')
     proc = processes.worker(worker_env(url), TASKS)
-    for job_id in (big, nested, after):
+    for job_id in (big, nested, nested_pipeline, after):
         wait_until(lambda j=job_id: finished(url, j), 60, f"job {job_id}")
+    # The claim started the pipeline's first stage; it cannot run, and is not left running.
+    assert status_of(url, nested_pipeline)[0] == "failed"
+    stage = "SELECT stage, status FROM worker.job_stages WHERE job_id = %s"
+    assert query(url, stage, (nested_pipeline,)) == [("fetch", "failed")]
     assert status_of(url, big)[:2] == ("completed", 1)
     assert status_of(url, after)[:2] == ("completed", 2)
     state, _, error = status_of(url, nested)

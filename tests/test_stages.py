@@ -185,6 +185,38 @@ def test_stage_that_snoozes_or_pauses_after_a_cancel_request_ends_cancelled_now(
     assert stages(database_url, job.job_id)["wait_then_wait_more"]["status"] == "cancelled"
 
 
+def test_stage_completed_under_an_earlier_first_stage_is_not_run_again(
+    env, database_url, processes
+):
+    # The job was retried under a deploy whose pipeline began with another stage: its rows
+    # hold `second` completed but nothing for today's `first`.
+    client = Client(database_url)
+    job = client.enqueue("counted", {}, delay=3600)
+    query(
+        database_url,
+        "INSERT INTO worker.job_stages (job_id, stage, kind, status, output, attempt) "
+        "VALUES (%s, 'second', 'stage', 'completed', '{\"n\": 2}', 1), "
+        "(%s, 'first_before', 'stage', 'completed', '{}', 1)",
+        (job.job_id, job.job_id),
+    )
+    query(database_url, "UPDATE worker.jobs SET run_at = now() WHERE id = %s", (job.job_id,))
+    processes.worker(env, "testtasks")
+    assert job.wait_sync(timeout=30) == {"n": 3}
+    assert effects(database_url, job.job_id) == ["first", "third", "cleanup"]
+
+
+@pytest.mark.parametrize("then", ["snooze", "pause"])
+def test_cancel_landing_as_a_stage_pauses_or_snoozes_still_ends_cancelled(
+    env, database_url, processes, then
+):
+    processes.worker(env, "testtasks")
+    job = Client(database_url).enqueue("cancel_race", {"then": then})
+    # Not left `paused` with a cancel request nobody acts on, nor `pending` for 60 s.
+    wait_status(database_url, job.job_id, "cancelled", timeout=20)
+    assert effects(database_url, job.job_id) == ["ask", "cleanup"]
+    assert stages(database_url, job.job_id)["ask"]["status"] == "cancelled"
+
+
 def test_cancelling_a_pending_job_is_immediate_and_it_never_runs(env, database_url, processes):
     client = Client(database_url)
     job = client.enqueue("counted", {})

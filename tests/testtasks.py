@@ -297,3 +297,24 @@ def late_wait(ctx: Any) -> None:
 def late_cleanup(ctx: Any) -> str:
     record(ctx.job_id, "cleanup")
     return "done"
+
+
+# A cancel that lands after the stage's last look at `ctx.cancelled`, just before its pause or
+# snooze is written: the request is set as `worker cancel` sets it, minus the NOTIFY that would
+# tell the running stage.
+raced = Pipeline("cancel_race")
+
+
+@raced.stage(name="ask")
+def raced_ask(ctx: Any) -> None:
+    _conn().execute("UPDATE worker.jobs SET cancel_requested = true WHERE id = %s", (ctx.job_id,))
+    record(ctx.job_id, "ask")
+    if ctx.payload.get("then") == "pause":
+        ctx.pause({"question": "go on?"})
+    ctx.snooze(60)
+
+
+@raced.cleanup(name="raced_cleanup")
+def raced_cleanup(ctx: Any) -> str:
+    record(ctx.job_id, "cleanup")
+    return "done"

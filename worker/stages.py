@@ -2,7 +2,10 @@
 
 A retry resumes after the last completed stage: completed stages are never run again, their
 outputs are read back from `worker.job_stages` (written in the statement that marks the stage
-completed). Stages with the `ALL_DONE` rule are cleanups: they run after every attempt,
+completed). A stage is completed once that statement commits: with the next stage's start, the
+first cleanup's start or, for the last stage, the job's outcome; a worker lost before then
+leaves the stage to run again, as a plain task runs again when its worker is lost before its
+outcome is written. Stages with the `ALL_DONE` rule are cleanups: they run after every attempt,
 whether the other stages succeeded, raised or were cancelled, and see what those stored. When
 a worker dies mid-attempt, the cleanup it owed runs when the job is next picked up, before the
 next attempt (or before the job is marked failed or cancelled). Cleanups may therefore run
@@ -61,6 +64,7 @@ from worker.tasks import (
     Outcome,
     PauseForResolution,
     Snooze,
+    StageEnd,
     call,
     dumps,
     register,
@@ -353,8 +357,11 @@ class Pipeline:
 
         def hand_over(outcome: Outcome) -> Outcome:
             if done is not None:
-                outcome.stage_done = done
+                outcome.stage_end = StageEnd(done[0], "completed", done[1])
                 ctx.emit(done[0], "completed")
+            elif claim_started_it:  # cancelled before the stage the claim started ever ran
+                outcome.stage_end = StageEnd(self.main_stages[0].name, "cancelled")
+                ctx.emit(self.main_stages[0].name, "cancelled")
             return outcome
 
         for stage in self.main_stages:
@@ -444,18 +451,25 @@ class Pipeline:
     async def _run_cleanups(
         self, ctx: Context, store: StageStore, attempt: int, after: Outcome | None = None
     ) -> list[str]:
-        """Run the cleanups; a stage completion `after` carries is recorded with the first
-        one's start (before it runs), not left for the job's outcome."""
+        """Run the cleanups; a stage end the outcome `after` carries is recorded with the
+        first one's start (before it runs), not left for the job's outcome."""
         errors = []
+        end = None
+        if after is not None and self.cleanups:
+            end, after.stage_end = after.stage_end, None
         # Cleanups are not bound by the job's timeout: they must run even after it passed.
         job_deadline, ctx.deadline = ctx.deadline, None
         try:
             for stage in self.cleanups:
-                if after is not None and after.stage_done is not None:
-                    (done, output), after.stage_done = after.stage_done, None
-                    await store.advance(ctx.job.id, done, output, stage.name, "cleanup", attempt)
+                if end is not None and end.status == "completed":
+                    await store.advance(
+                        ctx.job.id, end.stage, end.output, stage.name, "cleanup", attempt
+                    )
                 else:
+                    if end is not None:
+                        await store.finished(ctx.job.id, end.stage, end.status)
                     await store.started(ctx.job.id, stage.name, "cleanup", attempt)
+                end = None
                 ctx.emit(stage.name, "started", {"attempt": attempt})
                 ctx.step = stage.name
                 try:

@@ -101,9 +101,17 @@ class Outcome:
     result: JSON = None
     error: str | None = None
     delay: float = 0.0
-    # A pipeline stage that finished with the attempt, written with the outcome:
-    # (stage name, output as JSON text; None if the output could not be stored).
-    stage_done: tuple[str, str | None] | None = None
+    # A pipeline stage that ended with the attempt, recorded with the outcome (one commit).
+    stage_end: StageEnd | None = None
+
+
+@dataclass
+class StageEnd:
+    """How a pipeline stage ended, when that is written with its job's outcome."""
+
+    stage: str
+    status: str  # completed | failed | cancelled (then its error is the job's)
+    output: str | None = None  # JSON text, for a completed stage
 
 
 class Runtime(Protocol):

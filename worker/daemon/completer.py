@@ -22,7 +22,7 @@ from worker.daemon.db import Patience, fetch
 from worker.db import sql
 from worker.db.records import json_records
 from worker.settings import Settings
-from worker.tasks import Outcome
+from worker.tasks import Outcome, StageEnd
 
 log = logging.getLogger("worker.jobs")
 
@@ -93,11 +93,11 @@ class Completer:
                 rows += await write((job_id, outcome))
             except (psycopg.DataError, UnicodeError) as exc:
                 reason = (str(exc).strip().splitlines() or [""])[0]
-                stage = outcome.stage_done and (outcome.stage_done[0], None)
+                end = outcome.stage_end and StageEnd(outcome.stage_end.stage, "failed")
                 refused = Outcome(
                     "failed",
                     error=f"the job's outcome could not be stored: {type(exc).__name__}: {reason}",
-                    stage_done=stage,
+                    stage_end=end,
                 )
                 rows += await write((job_id, refused))
         return rows
@@ -115,14 +115,10 @@ class Completer:
                     "outcome": o.kind,
                     "error": o.error,
                     "delay": o.delay,
-                    "stage": o.stage_done[0] if o.stage_done else None,
-                    "stage_status": (
-                        ("failed" if o.stage_done[1] is None else "completed")
-                        if o.stage_done
-                        else None
-                    ),
+                    "stage": o.stage_end.stage if o.stage_end else None,
+                    "stage_status": o.stage_end.status if o.stage_end else None,
                 },
-                {"result": o.result, "stage_output": o.stage_done[1] if o.stage_done else None},
+                {"result": o.result, "stage_output": o.stage_end.output if o.stage_end else None},
             )
             for job_id, o in batch
         )

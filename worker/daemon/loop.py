@@ -52,6 +52,7 @@ from worker.tasks import (
     Outcome,
     PauseForResolution,
     Snooze,
+    StageEnd,
     TaskTimeout,
     dumps,
     settled_before_start,
@@ -423,6 +424,9 @@ class Worker:
                     error=f"the job's payload cannot be decoded: {unreadable.reason} (about "
                     "1000 levels); store it flatter or pass a reference",
                 )
+                if job.first_stage_started and isinstance(entry, Pipeline):
+                    # The claim started its first stage, which cannot run either.
+                    outcome.stage_end = StageEnd(entry.main_stages[0].name, "failed")
             elif entry is None:
                 # A cancel requested while the job waited wins over the unknown name.
                 outcome = settled_before_start(job) or Outcome(
@@ -446,7 +450,7 @@ class Worker:
                         outcome = Outcome(
                             "failed",
                             error=f"task {job.task} returned a value that {exc}",
-                            stage_done=outcome.stage_done,
+                            stage_end=outcome.stage_end,
                         )
             if outcome.error is not None:
                 outcome.error = storable_text(outcome.error)

@@ -1,7 +1,8 @@
 """Stage bookkeeping writes from all running jobs, committed together.
 
-Every stage start and end is committed before the job goes on, so a stage's output is never
-lost and a lost worker's cleanups are known. A commit waits for the WAL flush, so the writes
+A stage's end is committed before the next stage (or cleanup) runs, and its start before it
+runs, so a completed stage is never run again and a lost worker's cleanups are known. A commit
+waits for the WAL flush, so the writes
 are few: a pipeline's first stage starts with the claim (`sql.CLAIM`), a stage's end and the
 next one's start are one write, and the last stage's end goes with the job's outcome
 (`sql.RECORD_OUTCOMES`): a 3-stage job makes two. Writes that arrive while a flush is in

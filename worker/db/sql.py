@@ -84,15 +84,16 @@ WITH next AS (
               coalesce(j.max_retries, %(default_max_retries)s) AS max_retries,
               j.cancel_requested, j.answer, next.error AS last_error
 ), first_stage AS (
-    -- A pipeline job that never ran (no row for its first stage, hence none at all) starts
-    -- its first stage with the claim: one commit less per job. Jobs that will not run (as
-    -- `settled_before_start`) get no row. Only the claimer writes: it holds the job's row.
+    -- A pipeline job with no stage row yet starts its first stage with the claim: one commit
+    -- less per job. Jobs that will not run (as `settled_before_start`) get no row. Only the
+    -- claimer writes a job's stages: it holds the job's row.
     INSERT INTO worker.job_stages (job_id, stage, kind, status, attempt)
     SELECT c.id, p.stage, 'stage', 'running', c.retry_count + 1
     FROM claimed AS c
     JOIN unnest(%(pipelines)s::text[], %(first_stages)s::text[]) AS p(task, stage)
         ON p.task = c.task
     WHERE NOT c.cancel_requested AND c.retry_count <= c.max_retries
+      AND NOT EXISTS (SELECT FROM worker.job_stages AS s WHERE s.job_id = c.id)
     ON CONFLICT (job_id, stage) DO NOTHING
     RETURNING job_id
 )
@@ -107,6 +108,9 @@ SELECT c.*, c.id IN (SELECT job_id FROM first_stage) AS first_stage_started FROM
 # is a pipeline stage that finished with the attempt: it is recorded in the same statement (one
 # commit less per job), only where `done` took the outcome (the job is ours). Rows: see
 # `json_records` (a JSON null result or output arrives as SQL NULL, hence the coalesce).
+# A retry, snooze or pause that meets a cancel request (it landed after the job's last look)
+# is due at once instead: the next claim settles it cancelled, after the cleanup it owes. (The
+# cancel request is read from the row being updated, so one committed meanwhile is seen.)
 RECORD_OUTCOMES = """
 WITH r AS (
     SELECT * FROM json_to_recordset(CAST(%(outcomes)s AS json)) AS r(
@@ -115,16 +119,20 @@ WITH r AS (
 ), done AS (
     UPDATE worker.jobs AS j SET
         status = CASE
+            WHEN r.outcome IN ('retry', 'snoozed', 'paused') AND j.cancel_requested
+            THEN 'pending'
             WHEN r.outcome = 'retry' THEN
                 CASE WHEN j.retry_count < coalesce(j.max_retries, %(default_max_retries)s)
                      THEN 'pending' ELSE 'failed' END
             WHEN r.outcome = 'snoozed' THEN 'pending'
             ELSE r.outcome END,
         retry_count = j.retry_count + CASE
-            WHEN r.outcome = 'retry'
+            WHEN r.outcome = 'retry' AND NOT j.cancel_requested
                  AND j.retry_count < coalesce(j.max_retries, %(default_max_retries)s)
             THEN 1 ELSE 0 END,
         run_at = CASE
+            WHEN r.outcome IN ('retry', 'snoozed', 'paused') AND j.cancel_requested
+            THEN now()
             WHEN r.outcome = 'retry' THEN now() + make_interval(secs => least(
                 %(backoff_max)s, %(backoff_base)s * power(2, j.retry_count)) * (0.5 + random() / 2))
             WHEN r.outcome = 'snoozed' THEN now() + make_interval(secs => r.delay)
@@ -135,8 +143,10 @@ WITH r AS (
                         ELSE j.question END,
         error = coalesce(r.error, CASE WHEN r.outcome = 'snoozed' THEN j.error END),
         finished_at = CASE WHEN r.outcome IN ('completed', 'failed', 'cancelled') THEN now()
-                           WHEN r.outcome = 'retry' AND j.retry_count >= coalesce(
-                                j.max_retries, %(default_max_retries)s) THEN now() END
+                           WHEN r.outcome = 'retry' AND NOT j.cancel_requested
+                                AND j.retry_count >= coalesce(j.max_retries,
+                                                              %(default_max_retries)s)
+                           THEN now() END
     FROM r
     WHERE j.id = r.id AND j.status = 'processing' AND j.worker_id = %(worker_id)s
     RETURNING j.id, j.status, j.task, j.queue, j.retry_count, j.started_at
@@ -144,7 +154,7 @@ WITH r AS (
     UPDATE worker.job_stages AS s SET
         status = r.stage_status,
         output = CASE WHEN r.stage_status = 'completed' THEN coalesce(r.stage_output, 'null') END,
-        error = CASE WHEN r.stage_status <> 'completed' THEN 'its output could not be stored' END,
+        error = CASE WHEN r.stage_status <> 'completed' THEN r.error END,
         finished_at = now()
     FROM r JOIN done ON done.id = r.id
     WHERE s.job_id = r.id AND s.stage = r.stage
@@ -305,9 +315,9 @@ DELETE FROM worker.jobs AS j USING doomed WHERE j.id = doomed.id
 # has no open stage (its cleanup would not be known to be owed). A snoozed stage keeps its
 # first start, so a deadline counts from when the stage first ran (a pause does not count: a
 # human may take days). Rows: see `json_records`; `n` numbers them for the answer.
-# Safe: only jobs this worker holds are written (FOR SHARE: a rescue or a cancel waits for this
-# commit, and a job they took first is left alone); a job has one write in flight at a time, so
-# no row is written twice in one statement.
+# Safe: only jobs this worker holds are written (FOR SHARE: a cancel waits for this commit, a
+# rescue skips the job until its next round, and a job they took first is left alone); a job
+# has one write in flight at a time, so no row is written twice in one statement.
 STAGE_WRITES = """
 WITH w AS (
     SELECT w.* FROM json_to_recordset(CAST(%(writes)s AS json)) AS w(
