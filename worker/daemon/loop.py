@@ -312,6 +312,9 @@ class Worker:
     async def _claim_loop(self) -> None:
         s = self.settings
         delay = s.poll_min
+        # Read once, not per claim: a pipeline registered later still runs, its first stage
+        # then recorded by the stage runner instead of the claim.
+        first_stages = self._first_stages()
         while not self._stop.is_set():
             free = self.concurrency - len(self._inflight) - len(self._stuck)
             if free <= 0:
@@ -331,7 +334,7 @@ class Worker:
                         "limit": free,
                         "worker_id": self.id,
                         "default_max_retries": s.max_retries,
-                        **self._first_stages(),
+                        **first_stages,
                     },
                 )
             except TRANSIENT as exc:
