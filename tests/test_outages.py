@@ -8,6 +8,8 @@ transaction (or row lock) held while a task runs.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
 from collections.abc import Iterator
 
@@ -16,7 +18,7 @@ import pytest
 from chaos.harness import OwnServer, reachable_again_seconds, wait_until, worker_env
 from conftest import Processes, query
 
-from worker.daemon.db import POOL_CAP, pool_size
+from worker.daemon.db import POOL_CAP, Patience, pool_size
 
 TASKS = "chaos.faulttasks"
 EFFECTS = (
@@ -106,6 +108,40 @@ def test_result_of_a_job_finished_during_a_restart_is_written_once_the_database_
     done = job(url, slow)
     assert done["result"] == "held" and done["retry_count"] == 0  # written, not run again
     assert woke < 5, f"the next job waited {woke:.1f} s: the worker is not listening again"
+
+
+def test_statements_in_flight_across_an_outage_do_not_report_a_second_one(caplog):
+    """A statement sent before the database went away may answer inside the outage, and one
+    sent before it came back may fail after: neither is news about the database."""
+    lost = psycopg.OperationalError("terminating connection due to administrator command")
+    refreshes: list[float] = []
+
+    async def refresh() -> None:
+        refreshes.append(time.monotonic())
+        await asyncio.sleep(0.01)
+
+    async def outage() -> None:
+        patience = Patience(lambda: False, refresh)
+        sent_before_outage = time.monotonic()
+        patience.failed("claiming jobs", lost, time.monotonic())
+        await patience.succeeded(sent_before_outage)  # an older statement answering late
+        assert patience.down_since is not None
+        sent_during_outage = time.monotonic()
+        await patience.succeeded(time.monotonic())  # the database is back
+        patience.failed("recording job outcomes", lost, sent_during_outage)
+        assert patience.down_since is None
+        patience.failed("recording job outcomes", lost, time.monotonic())  # a new outage
+        assert patience.down_since is not None
+
+    with caplog.at_level(logging.WARNING, logger="worker.daemon"):
+        asyncio.run(outage())
+    lines = [r.getMessage() for r in caplog.records]
+    assert [line.split(" (")[0].split(" after")[0] for line in lines] == [
+        "database unreachable",
+        "database reachable again",
+        "database unreachable",
+    ], lines
+    assert len(refreshes) == 1, "the pool's idle sessions are checked once the database is back"
 
 
 def test_worker_started_while_the_database_is_down_waits_then_runs(server, processes):

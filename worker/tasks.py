@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, overload
 from uuid import UUID
 
@@ -173,9 +174,15 @@ class Context:
 
     def emit(self, step: str, status: str, message: dict[str, JSON] | None = None) -> None:
         # Built without validation: every field comes from this module (several per stage).
+        # Every field is given: pydantic inspects a default factory's signature on each call.
         self.runtime.bus.publish(
             ProgressEvent.model_construct(
-                job_id=self.job_id, step=step, status=status, message=message
+                job_id=self.job_id,
+                step=step,
+                status=status,
+                message=message,
+                id=0,
+                created_at=datetime.now(UTC),
             )
         )
 

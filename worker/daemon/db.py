@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -159,16 +160,22 @@ class Patience:
     """Retries an operation while the database is unreachable, with capped exponential backoff.
 
     Logs one line when the database goes away and one when it is back, not one per try, however
-    many parts of the daemon are waiting.
+    many parts of the daemon are waiting. A statement only speaks for the moment it was sent:
+    one that began before the outage and succeeds inside it does not end it, and one that began
+    before the recovery and fails after it does not start another.
     """
 
-    def __init__(self, stopping: Callable[[], bool]) -> None:
+    def __init__(
+        self, stopping: Callable[[], bool], refresh: Callable[[], Awaitable[None]]
+    ) -> None:
         self._stopping = stopping
+        self._refresh = refresh
         self.down_since: float | None = None
+        self._up_since = 0.0
 
-    def failed(self, what: str, exc: BaseException) -> None:
-        """Note a transient failure (logged on the first one of an outage only)."""
-        if self.down_since is None:
+    def failed(self, what: str, exc: BaseException, started: float) -> None:
+        """Note a transient failure of a statement sent at `started` (`time.monotonic()`)."""
+        if self.down_since is None and started >= self._up_since:
             self.down_since = time.monotonic()
             reason = describe(exc)
             log.warning(
@@ -179,30 +186,39 @@ class Patience:
                 extra=fields("database.unreachable", error=reason, during=what),
             )
 
-    def succeeded(self) -> None:
-        """Note that a statement went through (ends the outage, if there was one)."""
-        if self.down_since is not None:
-            seconds = time.monotonic() - self.down_since
-            log.warning(
-                "database reachable again after %.1f s; resuming",
-                seconds,
-                extra=fields("database.reachable", outage_seconds=round(seconds, 3)),
-            )
-            self.down_since = None
+    async def succeeded(self, started: float) -> None:
+        """Note that a statement sent at `started` went through (ends the outage, if any)."""
+        if self.down_since is None or started < self.down_since:
+            return
+        seconds = time.monotonic() - self.down_since
+        self.down_since = None
+        self._up_since = math.inf  # failures during the refresh predate the recovery
+        try:
+            # Sessions idle in the pool since before the outage are likely dead: replace them
+            # now rather than let the next statement fail on one and report a second outage.
+            await self._refresh()
+        finally:
+            self._up_since = time.monotonic()
+        log.warning(
+            "database reachable again after %.1f s; resuming",
+            seconds,
+            extra=fields("database.reachable", outage_seconds=round(seconds, 3)),
+        )
 
     async def run(self, what: str, op: Callable[[], Awaitable[T]], *, forever: bool = True) -> T:
         delay = 0.1
         while True:
+            started = time.monotonic()
             try:
                 result = await op()
             except TRANSIENT as exc:
-                self.failed(what, exc)
+                self.failed(what, exc, started)
                 if not forever or self._stopping():
                     raise
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
                 continue
-            self.succeeded()
+            await self.succeeded(started)
             return result
 
 

@@ -160,8 +160,8 @@ class Worker:
         self._threads: dict[str, int] = {}
         self._threads_lock = threading.Lock()
         self._executor = ThreadPoolExecutor(settings.concurrency, "worker-task")
-        self._patience = Patience(self._stop.is_set)
         self.pool: AsyncConnectionPool = make_pool(url, settings.concurrency)
+        self._patience = Patience(self._stop.is_set, self.pool.check)
         self.store = PgStageStore(self.pool, self._patience, self.id)
         self.processed = 0
         # Outcomes handed to the completer but not written yet: the database still shows these
@@ -323,6 +323,7 @@ class Worker:
                 continue
             self._notified.clear()
             claim_started = time.perf_counter()
+            sent = time.monotonic()
             try:
                 if self._claim_uncertain:
                     await self._release_lost_claims()
@@ -340,13 +341,13 @@ class Worker:
             except TRANSIENT as exc:
                 # The claim may have committed with its answer lost: check before the next one.
                 self._claim_uncertain = True
-                self._patience.failed("claiming jobs", exc)
+                self._patience.failed("claiming jobs", exc, sent)
                 # The listener sets `_notified` when it is back: retry at once then.
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._notified.wait(), delay)
                 delay = next_poll_delay(delay, False, s.poll_min, s.poll_max)
                 continue
-            self._patience.succeeded()
+            await self._patience.succeeded(sent)
             if self.on_claim is not None:
                 self.on_claim(time.perf_counter() - claim_started, len(rows))
             for row in rows:
