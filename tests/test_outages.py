@@ -213,6 +213,32 @@ def test_terminated_sessions_do_not_stop_the_worker(database_url, processes):
     assert proc.poll() is None and "Traceback" not in processes.log(proc)
 
 
+def test_job_rescued_while_its_worker_still_runs_it_is_not_run_twice_at_once(
+    database_url, processes
+):
+    """A worker that missed its lease (a stalled event loop) is presumed dead and its job goes
+    back to pending while the attempt still runs. The worker, registered again, must not start
+    the job a second time before that attempt ends, and the attempt's result no longer counts."""
+    url = database_url
+    query(url, EFFECTS)
+    proc = processes.worker(worker_env(url), TASKS)
+    wait_until(lambda: registered(url, proc), 60, "the worker to register")
+    job_id = insert(url, "timed_attempt", '{"sleep": 3}')
+    attempts = "SELECT kind, attempt FROM chaos_effects WHERE job = %s ORDER BY at"
+    wait_until(lambda: query(url, attempts, (job_id,)) == [("start", 1)], 30, "attempt 1")
+    # What `sql.RESCUE` does to the jobs of a worker silent for a lease; the worker wakes at once.
+    query(
+        url,
+        "UPDATE worker.jobs SET status = 'pending', retry_count = retry_count + 1, "
+        "run_at = now() WHERE id = %s RETURNING pg_notify('worker_jobs', queue)",
+        (job_id,),
+    )
+    wait_until(lambda: status(url, job_id) == "completed", 60, "the job to complete")
+    assert query(url, attempts, (job_id,)) == [("start", 1), ("end", 1), ("start", 2), ("end", 2)]
+    assert job(url, job_id)["result"] == 2, "the result is the second attempt's"
+    assert proc.poll() is None and "Traceback" not in processes.log(proc)
+
+
 # -- bounds -----------------------------------------------------------------------------------
 
 

@@ -94,6 +94,7 @@ def test_client_role_may_enqueue_and_read_but_not_change_jobs(database_url, logi
             "limit": 1,
             "worker_id": uuid.uuid4(),
             "default_max_retries": 3,
+            "running": [],
             "pipelines": [],
             "first_stages": [],
         },

@@ -117,14 +117,16 @@ class JobLifecycle(RuleBasedStateMachine):
             limit=limit,
             worker_id=self.workers[worker],
             default_max_retries=2,
+            running=[],
             pipelines=["work"],  # as a pipeline, so the claim also starts its first stage
             first_stages=["load"],
         )
 
-    def write_outcome(self, worker: int, job_id: uuid.UUID, outcome: str) -> None:
+    def write_outcome(self, worker: int, job_id: uuid.UUID, retries: int, outcome: str) -> None:
         result = {"completed": '"ok"', "paused": '{"question": "go on?"}'}.get(outcome)
         error = "boom" if outcome in ("retry", "failed", "cancelled") else None
-        row = {"id": str(job_id), "outcome": outcome, "error": error, "delay": 0.0}
+        row = {"id": str(job_id), "retries": retries, "outcome": outcome, "error": error}
+        row["delay"] = 0.0
         self.run(
             sql.RECORD_OUTCOMES,
             outcomes=json_records([(row, {"result": result})]),
@@ -142,7 +144,8 @@ class JobLifecycle(RuleBasedStateMachine):
             self.claim(worker, 1)
             held = self.held_by(worker)
         if held:
-            self.write_outcome(worker, data.draw(st.sampled_from(held)), outcome)
+            job_id = data.draw(st.sampled_from(held))
+            self.write_outcome(worker, job_id, self.row(job_id)[2], outcome)
 
     def held_by(self, worker: int) -> list[uuid.UUID]:
         rows = self.run(
@@ -153,30 +156,38 @@ class JobLifecycle(RuleBasedStateMachine):
         return [r[0] for r in rows]
 
     @precondition(lambda self: self.job_ids())
-    @rule(worker=st.integers(0, 1), outcome=st.sampled_from(OUTCOMES), data=st.data())
-    def stale_outcome(self, worker: int, outcome: str, data: st.DataObject) -> None:
-        # Any job: unless this worker holds it, a late result must change nothing at all.
+    @rule(
+        worker=st.integers(0, 1),
+        retries=st.integers(0, 3),
+        outcome=st.sampled_from(OUTCOMES),
+        data=st.data(),
+    )
+    def stale_outcome(self, worker: int, retries: int, outcome: str, data: st.DataObject) -> None:
+        # Any job, any attempt: unless this worker holds it in that attempt (a rescue counts
+        # one), a late result must change nothing at all.
         job_id = data.draw(st.sampled_from(self.job_ids()))
         before = self.row(job_id)
-        self.write_outcome(worker, job_id, outcome)
-        if before[:2] != ("processing", self.workers[worker]):
+        self.write_outcome(worker, job_id, retries, outcome)
+        if before[:3] != ("processing", self.workers[worker], retries):
             assert self.row(job_id) == before, f"a stale {outcome} changed {job_id}"
 
     @precondition(lambda self: self.job_ids())
-    @rule(worker=st.integers(0, 1), data=st.data())
-    def stage_write(self, worker: int, data: st.DataObject) -> None:
-        # Any job: unless this worker holds it, a late stage write must change nothing at all.
+    @rule(worker=st.integers(0, 1), retries=st.integers(0, 3), data=st.data())
+    def stage_write(self, worker: int, retries: int, data: st.DataObject) -> None:
+        # Any job, any attempt: unless this worker holds it in that attempt, a late stage write
+        # must change nothing at all.
         job_id = data.draw(st.sampled_from(self.job_ids()))
         stages = "SELECT stage, status, output FROM worker.job_stages WHERE job_id = %(id)s"
         before = self.row(job_id), self.run(stages, id=job_id)
-        write = {"n": 0, "job": str(job_id), "ended": "load", "status": "completed"}
+        write = {"n": 0, "job": str(job_id), "retries": retries, "ended": "load"}
+        write["status"] = "completed"
         write |= {"started": "store", "kind": "stage", "attempt": 1}
         self.run(
             sql.STAGE_WRITES,
             writes=json_records([(write, {"output": '{"rows": 1}'})]),
             worker_id=self.workers[worker],
         )
-        if before[0][:2] != ("processing", self.workers[worker]):
+        if before[0][:3] != ("processing", self.workers[worker], retries):
             assert (self.row(job_id), self.run(stages, id=job_id)) == before
 
     @precondition(lambda self: self.job_ids())

@@ -59,6 +59,7 @@ from uuid import UUID
 
 from worker.tasks import (
     JSON,
+    ClaimedJob,
     Context,
     JobCancelled,
     Outcome,
@@ -107,15 +108,22 @@ class StageStore(Protocol):
 
     async def load(self, job_id: UUID) -> list[StageRow]: ...
 
-    async def started(self, job_id: UUID, stage: str, kind: str, attempt: int) -> float:
+    # The writes take the claimed job: they apply only while its attempt still holds it.
+
+    async def started(self, job: ClaimedJob, stage: str, kind: str, attempt: int) -> float:
         """Record the stage as running; return seconds since it first started (snoozes kept)."""
 
     async def finished(
-        self, job_id: UUID, stage: str, status: str, output: JSON = None, error: str | None = None
+        self,
+        job: ClaimedJob,
+        stage: str,
+        status: str,
+        output: JSON = None,
+        error: str | None = None,
     ) -> None: ...
 
     async def advance(
-        self, job_id: UUID, done: str, output: JSON, stage: str, kind: str, attempt: int
+        self, job: ClaimedJob, done: str, output: JSON, stage: str, kind: str, attempt: int
     ) -> float:
         """Record `done` completed with `output` and `stage` running, in one committed write;
         return as `started` does."""
@@ -294,9 +302,7 @@ class Pipeline:
         for row in rows.values():
             if row.kind == "stage" and row.status in _OPEN and row.attempt < job.attempt:
                 interrupted = f"the worker running attempt {row.attempt} was lost in {row.stage}"
-                await store.finished(
-                    job.id, row.stage, "failed", error=f"interrupted: {interrupted}"
-                )
+                await store.finished(job, row.stage, "failed", error=f"interrupted: {interrupted}")
                 row.status = "failed"
 
         settled = settled_before_start(job)
@@ -308,7 +314,7 @@ class Pipeline:
             closing = "cancelled" if settled.kind == "cancelled" else "failed"
             for row in rows.values():
                 if row.kind == "stage" and row.status in _OPEN:
-                    await store.finished(job.id, row.stage, closing, error=settled.error)
+                    await store.finished(job, row.stage, closing, error=settled.error)
             if unclean is not None:
                 errors = await self._run_cleanups(ctx, store, unclean)
                 settled = self._with_cleanup_errors(settled, errors)
@@ -374,15 +380,13 @@ class Pipeline:
             if ctx.cancelled:  # the stage boundary: a cancel request stops the job here
                 return hand_over(Outcome("cancelled", error=f"cancelled before stage {stage.name}"))
             if done is not None:
-                age = await store.advance(
-                    job.id, done[0], done[1], stage.name, "stage", job.attempt
-                )
+                age = await store.advance(job, done[0], done[1], stage.name, "stage", job.attempt)
                 ctx.emit(done[0], "completed")
                 done = None
             elif claim_started_it:
                 age, claim_started_it = 0.0, False
             else:
-                age = await store.started(job.id, stage.name, "stage", job.attempt)
+                age = await store.started(job, stage.name, "stage", job.attempt)
             if row is None or row.status != "snoozed":
                 ctx.emit(stage.name, "started", {"attempt": job.attempt})
             ctx.step = stage.name
@@ -391,31 +395,29 @@ class Pipeline:
                 text = dumps(output)
             except Snooze as snooze:
                 if ctx.cancelled:
-                    await store.finished(job.id, stage.name, "cancelled")
+                    await store.finished(job, stage.name, "cancelled")
                     ctx.emit(stage.name, "cancelled")
                     return Outcome("cancelled", error=f"cancelled during stage {stage.name}")
-                await store.finished(job.id, stage.name, "snoozed")
+                await store.finished(job, stage.name, "snoozed")
                 return Outcome("snoozed", delay=snooze.seconds)
             except PauseForResolution as pause:
                 if ctx.cancelled:
-                    await store.finished(job.id, stage.name, "cancelled")
+                    await store.finished(job, stage.name, "cancelled")
                     ctx.emit(stage.name, "cancelled")
                     return Outcome("cancelled", error=f"cancelled during stage {stage.name}")
-                await store.finished(job.id, stage.name, "paused")
+                await store.finished(job, stage.name, "paused")
                 ctx.emit(stage.name, "paused", {"question": pause.question})
                 return Outcome("paused", result=pause.question)
             except JobCancelled:
-                await store.finished(job.id, stage.name, "cancelled")
+                await store.finished(job, stage.name, "cancelled")
                 ctx.emit(stage.name, "cancelled")
                 return Outcome("cancelled", error=f"cancelled during stage {stage.name}")
             except StageDeadlineExceeded as exc:
-                await store.finished(job.id, stage.name, "failed", error=str(exc))
+                await store.finished(job, stage.name, "failed", error=str(exc))
                 ctx.emit(stage.name, "failed", {"error": _short_error(exc)})
                 return Outcome("failed", error=f"stage {stage.name} failed: {_short_error(exc)}")
             except Exception as exc:
-                await store.finished(
-                    job.id, stage.name, "failed", error=_stage_error(stage.name, exc)
-                )
+                await store.finished(job, stage.name, "failed", error=_stage_error(stage.name, exc))
                 ctx.emit(stage.name, "failed", {"error": _short_error(exc)})
                 return Outcome("retry", error=_stage_error(stage.name, exc))
             finally:
@@ -463,12 +465,12 @@ class Pipeline:
             for stage in self.cleanups:
                 if end is not None and end.status == "completed":
                     await store.advance(
-                        ctx.job.id, end.stage, end.output, stage.name, "cleanup", attempt
+                        ctx.job, end.stage, end.output, stage.name, "cleanup", attempt
                     )
                 else:
                     if end is not None:
-                        await store.finished(ctx.job.id, end.stage, end.status)
-                    await store.started(ctx.job.id, stage.name, "cleanup", attempt)
+                        await store.finished(ctx.job, end.stage, end.status)
+                    await store.started(ctx.job, stage.name, "cleanup", attempt)
                 end = None
                 ctx.emit(stage.name, "started", {"attempt": attempt})
                 ctx.step = stage.name
@@ -478,13 +480,13 @@ class Pipeline:
                 except Exception as exc:
                     errors.append(f"{stage.name}: {_short_error(exc)}")
                     await store.finished(
-                        ctx.job.id, stage.name, "failed", error=_stage_error(stage.name, exc)
+                        ctx.job, stage.name, "failed", error=_stage_error(stage.name, exc)
                     )
                     ctx.emit(stage.name, "failed", {"error": _short_error(exc)})
                     continue
                 finally:
                     ctx.step = ""
-                await store.finished(ctx.job.id, stage.name, "completed", output=text)
+                await store.finished(ctx.job, stage.name, "completed", output=text)
                 ctx.emit(stage.name, "completed")
         finally:
             ctx.deadline = job_deadline

@@ -50,6 +50,15 @@ async def chaos_async(payload: dict[str, Any], ctx: Context) -> dict[str, Any]:
     return {"n": payload.get("n")}
 
 
+@task
+async def timed_attempt(payload: dict[str, Any], ctx: Context) -> int:
+    """Leaves a row when each attempt starts and one when it ends; returns its attempt."""
+    await asyncio.to_thread(record, ctx.job_id, "start", ctx.attempt)
+    await asyncio.sleep(float(payload.get("sleep", 0)))
+    await asyncio.to_thread(record, ctx.job_id, "end", ctx.attempt)
+    return ctx.attempt
+
+
 # Two stages and an ALL_DONE cleanup: every stage run and every cleanup run leaves a row.
 chaos_pipeline = Pipeline("chaos_pipeline")
 

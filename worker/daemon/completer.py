@@ -43,14 +43,15 @@ class Completer:
         self._settings = settings
         self._patience = patience
         self._on_recorded = on_recorded
-        self._queue: list[tuple[UUID, Outcome]] = []
+        self._queue: list[tuple[UUID, int, Outcome]] = []
         self._ready = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
 
-    def add(self, job_id: UUID, outcome: Outcome, result_json: str | None) -> None:
+    def add(self, job_id: UUID, retries: int, outcome: Outcome, result_json: str | None) -> None:
+        """Queue the outcome of the attempt that claimed the job with `retries`."""
         outcome.result = result_json
-        self._queue.append((job_id, outcome))
+        self._queue.append((job_id, retries, outcome))
         self._idle.clear()
         self._ready.set()
 
@@ -75,22 +76,22 @@ class Completer:
             self._idle.set()
 
     async def _write_each(
-        self, batch: list[tuple[UUID, Outcome]], error: Exception
+        self, batch: list[tuple[UUID, int, Outcome]], error: Exception
     ) -> list[tuple[Any, ...]]:
         """PostgreSQL refused a batch (a value it cannot store): write its jobs one at a time,
         a job whose own outcome is refused as `failed` naming why. No outcome is dropped and
         the flusher keeps running."""
         log.error("a batch of outcomes was refused (%s); writing them one by one", error)
         rows: list[tuple[Any, ...]] = []
-        for job_id, outcome in batch:
+        for job_id, retries, outcome in batch:
 
-            async def write(item: tuple[UUID, Outcome]) -> list[tuple[Any, ...]]:
+            async def write(item: tuple[UUID, int, Outcome]) -> list[tuple[Any, ...]]:
                 return await self._patience.run(
                     "recording job outcomes", lambda: self._write([item])
                 )
 
             try:
-                rows += await write((job_id, outcome))
+                rows += await write((job_id, retries, outcome))
             except (psycopg.DataError, UnicodeError) as exc:
                 reason = (str(exc).strip().splitlines() or [""])[0]
                 end = outcome.stage_end and StageEnd(outcome.stage_end.stage, "failed")
@@ -99,19 +100,20 @@ class Completer:
                     error=f"the job's outcome could not be stored: {type(exc).__name__}: {reason}",
                     stage_end=end,
                 )
-                rows += await write((job_id, refused))
+                rows += await write((job_id, retries, refused))
         return rows
 
     async def drain(self) -> None:
         """Wait until everything handed over so far is written."""
         await self._idle.wait()
 
-    async def _write(self, batch: list[tuple[UUID, Outcome]]) -> list[tuple[Any, ...]]:
+    async def _write(self, batch: list[tuple[UUID, int, Outcome]]) -> list[tuple[Any, ...]]:
         s = self._settings
         outcomes = json_records(
             (
                 {
                     "id": str(job_id),
+                    "retries": retries,
                     "outcome": o.kind,
                     "error": o.error,
                     "delay": o.delay,
@@ -120,7 +122,7 @@ class Completer:
                 },
                 {"result": o.result, "stage_output": o.stage_end.output if o.stage_end else None},
             )
-            for job_id, o in batch
+            for job_id, retries, o in batch
         )
         return await fetch(
             self._pool,

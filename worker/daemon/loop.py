@@ -105,22 +105,35 @@ class PgStageStore:
             )
         return age
 
-    async def started(self, job_id: UUID, stage: str, kind: str, attempt: int) -> float:
-        write = StageWrite(job_id, started=stage, kind=kind, attempt=attempt)
+    async def started(self, job: ClaimedJob, stage: str, kind: str, attempt: int) -> float:
+        write = StageWrite(job.id, job.retry_count, started=stage, kind=kind, attempt=attempt)
         return await self._run("recording a stage start", write)
 
     async def finished(
-        self, job_id: UUID, stage: str, status: str, output: Any = None, error: str | None = None
+        self,
+        job: ClaimedJob,
+        stage: str,
+        status: str,
+        output: Any = None,
+        error: str | None = None,
     ) -> None:
         error = storable_text(error) if error is not None else None
-        write = StageWrite(job_id, ended=stage, status=status, output=output, error=error)
+        write = StageWrite(
+            job.id, job.retry_count, ended=stage, status=status, output=output, error=error
+        )
         await self._run("recording a stage end", write)
 
     async def advance(
-        self, job_id: UUID, done: str, output: Any, stage: str, kind: str, attempt: int
+        self, job: ClaimedJob, done: str, output: Any, stage: str, kind: str, attempt: int
     ) -> float:
         write = StageWrite(
-            job_id, ended=done, output=output, started=stage, kind=kind, attempt=attempt
+            job.id,
+            job.retry_count,
+            ended=done,
+            output=output,
+            started=stage,
+            kind=kind,
+            attempt=attempt,
         )
         return await self._run("recording a stage end and the next start", write)
 
@@ -335,6 +348,7 @@ class Worker:
                         "limit": free,
                         "worker_id": self.id,
                         "default_max_retries": s.max_retries,
+                        "running": [*self._inflight, *self._stuck],
                         **first_stages,
                     },
                 )
@@ -474,7 +488,7 @@ class Worker:
                 )
         self._unwritten.add(job.id)
         self._inflight.pop(key, None)
-        self._completer.add(job.id, outcome, result_json)
+        self._completer.add(job.id, job.retry_count, outcome, result_json)
         self._slot_freed.set()
 
     async def _attempt(self, entry: Executable, ctx: Context) -> Outcome:

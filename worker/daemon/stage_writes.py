@@ -14,7 +14,7 @@ commit it is not part of (the server flushes concurrent commits' WAL together). 
 reorder one job's writes: a job waits for each write before it makes the next.
 
     writes = StageWrites(pool, worker_id)
-    age = await writes.run(StageWrite(job_id, started="load", kind="stage", attempt=1))
+    age = await writes.run(StageWrite(job_id, 0, started="load", kind="stage", attempt=1))
 """
 
 from __future__ import annotations
@@ -38,9 +38,11 @@ MAX_FLUSHES = 3
 @dataclass
 class StageWrite:
     """End the stage `ended` with `status` (and `output`, JSON text, or `error`), start the
-    stage `started` (of `kind`, in `attempt`), or both at once."""
+    stage `started` (of `kind`, in `attempt`), or both at once; for the job as claimed with
+    `retries` (the write applies only while that attempt holds it)."""
 
     job_id: UUID
+    retries: int
     ended: str | None = None
     status: str = "completed"
     output: str | None = None
@@ -105,6 +107,7 @@ class StageWrites:
                 {
                     "n": n,
                     "job": str(w.job_id),
+                    "retries": w.retries,
                     "ended": w.ended,
                     "status": w.status,
                     "error": w.error,

@@ -64,12 +64,15 @@ ENQUEUE_MANY_AGAIN = ENQUEUE_MANY + "ON CONFLICT (id) DO NOTHING\n"
 # Fast: one ordered scan of jobs_runnable_idx per queue (`queue = ANY(...)` cannot use the
 # index order, and sorting every pending row made each claim cost O(backlog): 50 ms vs 0.6 ms
 # at 10,000 pending). Rows a queue locked beyond the outer LIMIT are released at commit.
+# A job this worker still runs is skipped (`running`): after a missed lease a rescued job
+# waits for its old attempt here to end, or goes to another worker; never two attempts at once.
 CLAIM = """
 WITH next AS (
     SELECT c.id, c.error FROM unnest(%(queues)s::text[]) AS q(name)
     CROSS JOIN LATERAL (
         SELECT id, priority, run_at, error FROM worker.jobs
         WHERE status = 'pending' AND queue = q.name AND run_at <= now()
+          AND id <> ALL(%(running)s::uuid[])
         ORDER BY priority DESC, run_at
         LIMIT %(limit)s
         FOR UPDATE SKIP LOCKED
@@ -100,9 +103,10 @@ WITH next AS (
 SELECT c.*, c.id IN (SELECT job_id FROM first_stage) AS first_stage_started FROM claimed AS c
 """
 
-# Safe: guarded by status = 'processing' AND worker_id = us, so a job rescued from this worker
-# (and perhaps finished by another) is never overwritten; the NOTIFY is sent at commit, after
-# the rows are visible, so a waiter woken by it reads the final state.
+# Safe: guarded by status = 'processing', worker_id = us and the attempt (`retry_count` as
+# claimed), so a job rescued from this worker (then finished by another, or claimed again by
+# this one) is never overwritten by the attempt the rescue ended; the NOTIFY is sent at commit,
+# after the rows are visible, so a waiter woken by it reads the final state.
 # `outcome` is completed | retry | failed | cancelled | paused | snoozed. A retry becomes
 # pending after a backoff with jitter while retries remain, else failed. `stage`, if not NULL,
 # is a pipeline stage that finished with the attempt: it is recorded in the same statement (one
@@ -114,8 +118,8 @@ SELECT c.*, c.id IN (SELECT job_id FROM first_stage) AS first_stage_started FROM
 RECORD_OUTCOMES = """
 WITH r AS (
     SELECT * FROM json_to_recordset(CAST(%(outcomes)s AS json)) AS r(
-        id uuid, outcome text, result jsonb, error text, delay float8, stage text,
-        stage_status text, stage_output jsonb)
+        id uuid, retries int, outcome text, result jsonb, error text, delay float8,
+        stage text, stage_status text, stage_output jsonb)
 ), done AS (
     UPDATE worker.jobs AS j SET
         status = CASE
@@ -149,6 +153,7 @@ WITH r AS (
                            THEN now() END
     FROM r
     WHERE j.id = r.id AND j.status = 'processing' AND j.worker_id = %(worker_id)s
+      AND j.retry_count = r.retries
     RETURNING j.id, j.status, j.task, j.queue, j.retry_count, j.started_at
 ), stage_done AS (
     UPDATE worker.job_stages AS s SET
@@ -315,16 +320,17 @@ DELETE FROM worker.jobs AS j USING doomed WHERE j.id = doomed.id
 # has no open stage (its cleanup would not be known to be owed). A snoozed stage keeps its
 # first start, so a deadline counts from when the stage first ran (a pause does not count: a
 # human may take days). Rows: see `json_records`; `n` numbers them for the answer.
-# Safe: only jobs this worker holds are written (FOR SHARE: a cancel waits for this commit, a
-# rescue skips the job until its next round, and a job they took first is left alone); a job
-# has one write in flight at a time, so no row is written twice in one statement.
+# Safe: only jobs this worker holds, in the attempt that writes, are written (FOR SHARE: a
+# cancel waits for this commit, a rescue skips the job until its next round, and a job they
+# took first is left alone); a job has one write in flight at a time, so no row is written
+# twice in one statement.
 STAGE_WRITES = """
 WITH w AS (
     SELECT w.* FROM json_to_recordset(CAST(%(writes)s AS json)) AS w(
-        n int, job uuid, ended text, status text, output jsonb, error text, started text,
-        kind text, attempt int)
+        n int, job uuid, retries int, ended text, status text, output jsonb, error text,
+        started text, kind text, attempt int)
     JOIN worker.jobs AS j ON j.id = w.job
-    WHERE j.status = 'processing' AND j.worker_id = %(worker_id)s
+    WHERE j.status = 'processing' AND j.worker_id = %(worker_id)s AND j.retry_count = w.retries
     FOR SHARE OF j
 ), ended AS (
     UPDATE worker.job_stages AS s SET
