@@ -8,6 +8,7 @@ returning a JSON value, stored as the job's result. A function with a second par
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import json
 import re
@@ -140,7 +141,7 @@ class Context:
     step: str = ""
     deadline: float | None = None  # time.monotonic() by which the job must finish
 
-    @property
+    @functools.cached_property
     def job_id(self) -> str:
         return str(self.job.id)
 

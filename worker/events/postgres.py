@@ -85,13 +85,17 @@ def message_json(message: dict[str, Any] | None) -> str | None:
     if message is None:
         return None
     try:
-        text = json.dumps(message, default=repr, allow_nan=False)
+        text = _encode_message(message)
     except (ValueError, TypeError, RecursionError):
         try:
-            text = json.dumps(_finite(message), default=repr, allow_nan=False)
+            text = _encode_message(_finite(message))
         except (ValueError, TypeError, RecursionError) as exc:
             text = json.dumps({"unstorable_message": f"{type(exc).__name__}: {exc}"[:500]})
-    return _NUL.sub(r"\1\\ufffd", text)
+    return _NUL.sub(r"\1\\ufffd", text) if "\\u0000" in text else text
+
+
+# One encoder for every message (`json.dumps` with options builds one per call).
+_encode_message = json.JSONEncoder(default=repr, allow_nan=False).encode
 
 
 def _finite(value: Any) -> Any:
