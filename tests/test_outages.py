@@ -314,6 +314,26 @@ def test_connection_pool_is_capped_whatever_the_concurrency(database_url, proces
     )
 
 
+def test_row_locked_by_another_client_does_not_hold_up_other_jobs_outcomes(database_url, processes):
+    """An operator's open transaction holding one running job's row must not stop the worker
+    recording every other job: that one outcome waits for the lock, the others go on."""
+    url = database_url
+    proc = processes.worker(worker_env(url), TASKS)
+    wait_until(lambda: registered(url, proc), 60, "the worker to register")
+    held = insert(url, "hold_still", '{"sleep": 2}')
+    wait_until(lambda: status(url, held) == "processing", 30, "the job to start")
+    with psycopg.connect(url) as operator:  # not autocommit: the transaction stays open
+        operator.execute("SELECT 1 FROM worker.jobs WHERE id = %s FOR UPDATE", (held,))
+        time.sleep(2.5)  # the job ends meanwhile, and its outcome meets the lock
+        others = [insert(url, "echo", '{"n": 1}') for _ in range(3)]
+        wait_until(lambda: all(status(url, o) == "completed" for o in others), 30, "the other jobs")
+        assert status(url, held) == "processing"
+        operator.rollback()
+    wait_until(lambda: status(url, held) == "completed", 30, "the held job, once unlocked")
+    assert "is locked by another client" in processes.log(proc)
+    assert proc.poll() is None and "Traceback" not in processes.log(proc)
+
+
 def test_no_transaction_or_row_lock_is_held_while_a_slow_task_runs(database_url, processes):
     url = database_url
     processes.worker(worker_env(url), TASKS)

@@ -4,6 +4,9 @@ No fixed delay: the flusher writes as soon as there is something to write, and w
 finishes during a write goes into the next one. At low load that is one job per statement
 (lowest latency); under load it batches by itself (up to `MAX_BATCH`), which is what keeps
 the drain rate close to the bare claim/complete loop's.
+
+A job whose row another client holds locked is not waited for (it would hold up every
+outcome behind it): the statement skips it and it is written again `LOCKED_RETRY` later.
 """
 
 from __future__ import annotations
@@ -21,12 +24,18 @@ from psycopg_pool import AsyncConnectionPool
 from worker.daemon.db import Patience, fetch
 from worker.db import sql
 from worker.db.records import json_records
+from worker.logs import fields
 from worker.settings import Settings
 from worker.tasks import Outcome, StageEnd
 
 log = logging.getLogger("worker.jobs")
 
 MAX_BATCH = 500  # keeps one statement's locks short and its parameters small
+# Seconds before an outcome skipped for a locked row is written again: soon after a first skip
+# (a cancel's brief lock), then at this pace, with a warning (an open transaction).
+LOCKED_RETRY = 0.5
+
+Item = tuple[UUID, int, Outcome]  # a job, its retry_count as claimed, how the attempt ended
 
 
 class Completer:
@@ -43,10 +52,11 @@ class Completer:
         self._settings = settings
         self._patience = patience
         self._on_recorded = on_recorded
-        self._queue: list[tuple[UUID, int, Outcome]] = []
+        self._queue: list[Item] = []
         self._ready = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
+        self._locked: dict[UUID, int] = {}  # outcomes waiting for another client's row lock
 
     def add(self, job_id: UUID, retries: int, outcome: Outcome, result_json: str | None) -> None:
         """Queue the outcome of the attempt that claimed the job with `retries`."""
@@ -57,7 +67,7 @@ class Completer:
 
     @property
     def pending(self) -> int:
-        return len(self._queue)
+        return len(self._queue) + len(self._locked)
 
     async def run(self) -> None:
         while True:
@@ -71,13 +81,40 @@ class Completer:
                     )
                 except (psycopg.DataError, UnicodeError) as exc:
                     rows = await self._write_each(batch, exc)
+                locked = {row[0] for row in rows if row[1] is None}
+                for job_id, _, _ in batch:  # written, or no longer ours: not waiting any more
+                    if job_id not in locked:
+                        self._locked.pop(job_id, None)
+                if locked:
+                    self._retry_locked(batch, locked)
+                recorded = [row for row in rows if row[1] is not None]
                 if self._on_recorded is not None:
-                    self._on_recorded(rows)
-            self._idle.set()
+                    self._on_recorded(recorded)
+            if not self._locked:
+                self._idle.set()
 
-    async def _write_each(
-        self, batch: list[tuple[UUID, int, Outcome]], error: Exception
-    ) -> list[tuple[Any, ...]]:
+    def _retry_locked(self, batch: list[Item], locked: set[UUID]) -> None:
+        items = [item for item in batch if item[0] in locked]
+        for job_id, _, _ in items:
+            self._locked[job_id] = self._locked.get(job_id, 0) + 1
+            if self._locked[job_id] == 2:
+                log.warning(
+                    "job %s: its row is locked by another client (an open transaction?); "
+                    "its outcome is written once the lock is released",
+                    job_id,
+                    extra=fields("job.outcome_locked", job_id=str(job_id)),
+                )
+
+        def again() -> None:
+            self._queue.extend(items)
+            self._ready.set()
+
+        again_once = any(self._locked[job_id] == 1 for job_id in locked)
+        asyncio.get_running_loop().call_later(
+            LOCKED_RETRY / 10 if again_once else LOCKED_RETRY, again
+        )
+
+    async def _write_each(self, batch: list[Item], error: Exception) -> list[tuple[Any, ...]]:
         """PostgreSQL refused a batch (a value it cannot store): write its jobs one at a time,
         a job whose own outcome is refused as `failed` naming why. No outcome is dropped and
         the flusher keeps running."""
@@ -85,7 +122,7 @@ class Completer:
         rows: list[tuple[Any, ...]] = []
         for job_id, retries, outcome in batch:
 
-            async def write(item: tuple[UUID, int, Outcome]) -> list[tuple[Any, ...]]:
+            async def write(item: Item) -> list[tuple[Any, ...]]:
                 return await self._patience.run(
                     "recording job outcomes", lambda: self._write([item])
                 )
@@ -107,7 +144,7 @@ class Completer:
         """Wait until everything handed over so far is written."""
         await self._idle.wait()
 
-    async def _write(self, batch: list[tuple[UUID, int, Outcome]]) -> list[tuple[Any, ...]]:
+    async def _write(self, batch: list[Item]) -> list[tuple[Any, ...]]:
         s = self._settings
         outcomes = json_records(
             (

@@ -298,8 +298,17 @@ class Worker:
                 for task in pending:
                     task.cancel()
                 await asyncio.wait(pending, timeout=2.0)
-        with contextlib.suppress(*TRANSIENT):
+        try:
             await asyncio.wait_for(completer.drain(), 30)
+        except TimeoutError:
+            log.warning(
+                "%d job outcomes not written: their rows stayed locked by another client; "
+                "those jobs will be rescued and run again",
+                completer.pending,
+                extra=fields("worker.outcomes_unwritten", jobs=completer.pending),
+            )
+        except TRANSIENT:
+            pass
         unfinished = list(self._inflight) + list(self._stuck)
         with contextlib.suppress(*TRANSIENT, TimeoutError):
             if unfinished:

@@ -115,11 +115,19 @@ SELECT c.*, c.id IN (SELECT job_id FROM first_stage) AS first_stage_started FROM
 # A retry, snooze or pause that meets a cancel request (it landed after the job's last look)
 # is due at once instead: the next claim settles it cancelled, after the cleanup it owes. (The
 # cancel request is read from the row being updated, so one committed meanwhile is seen.)
+# A job whose row another client holds locked (an operator's open transaction) is skipped, not
+# waited for: the batch goes through, and the job comes back with a NULL status, to be written
+# again later (it is still ours, in this attempt). NO KEY UPDATE, the lock the UPDATE takes:
+# the key-share locks of stage and event inserts (foreign keys) do not conflict with it.
 RECORD_OUTCOMES = """
 WITH r AS (
     SELECT * FROM json_to_recordset(CAST(%(outcomes)s AS json)) AS r(
         id uuid, retries int, outcome text, result jsonb, error text, delay float8,
         stage text, stage_status text, stage_output jsonb)
+), mine AS MATERIALIZED (
+    SELECT j.id FROM worker.jobs AS j JOIN r ON r.id = j.id
+    WHERE j.status = 'processing' AND j.worker_id = %(worker_id)s AND j.retry_count = r.retries
+    FOR NO KEY UPDATE OF j SKIP LOCKED
 ), done AS (
     UPDATE worker.jobs AS j SET
         status = CASE
@@ -151,7 +159,7 @@ WITH r AS (
                                 AND j.retry_count >= coalesce(j.max_retries,
                                                               %(default_max_retries)s)
                            THEN now() END
-    FROM r
+    FROM r JOIN mine ON mine.id = r.id
     WHERE j.id = r.id AND j.status = 'processing' AND j.worker_id = %(worker_id)s
       AND j.retry_count = r.retries
     RETURNING j.id, j.status, j.task, j.queue, j.retry_count, j.started_at
@@ -168,6 +176,11 @@ SELECT id, status, task, queue, retry_count,
        extract(epoch FROM now() - started_at) AS duration,
        pg_notify('worker_done', id::text) IS NULL AS _
 FROM done
+UNION ALL
+SELECT r.id, NULL, NULL, NULL, NULL, NULL, NULL FROM r
+WHERE NOT EXISTS (SELECT FROM mine WHERE mine.id = r.id)
+  AND EXISTS (SELECT FROM worker.jobs AS j WHERE j.id = r.id AND j.status = 'processing'
+              AND j.worker_id = %(worker_id)s AND j.retry_count = r.retries)
 """
 
 # -- liveness -----------------------------------------------------------------------------
