@@ -334,6 +334,41 @@ def test_row_locked_by_another_client_does_not_hold_up_other_jobs_outcomes(datab
     assert proc.poll() is None and "Traceback" not in processes.log(proc)
 
 
+def test_rows_locked_by_another_client_do_not_hold_up_other_jobs_stages(database_url, processes):
+    """Stage writes of jobs whose rows an open transaction holds wait for it; those of other
+    jobs go on. Three locked jobs finishing a stage a moment apart once tied up every writer."""
+    url = database_url
+    query(url, EFFECTS)
+    proc = processes.worker(worker_env(url), TASKS)
+    wait_until(lambda: registered(url, proc), 60, "the worker to register")
+    held = []
+    for _ in range(3):
+        held.append(insert(url, "chaos_pipeline", '{"sleep": 4}'))  # each stage sleeps 2 s
+        time.sleep(0.5)
+    wait_until(lambda: all(status(url, j) == "processing" for j in held), 30, "the jobs")
+    fetch_done = "SELECT count(*) FROM worker.job_stages WHERE stage = 'fetch' AND job_id = %s "
+    fetch_done += "AND status = 'completed'"
+    with psycopg.connect(url) as operator:  # not autocommit: the transaction stays open
+        operator.execute("SELECT 1 FROM worker.jobs WHERE id = ANY(%s::uuid[]) FOR UPDATE", (held,))
+        wait_until(
+            lambda: (
+                query(url, "SELECT count(*) FROM chaos_effects WHERE kind = 'stage:fetch'")
+                == [(3,)]
+            ),
+            30,
+            "the locked jobs' first stage to end",
+        )
+        time.sleep(0.5)
+        other = insert(url, "chaos_pipeline", '{"sleep": 0}')
+        wait_until(lambda: status(url, other) == "completed", 30, "a job whose row is free")
+        assert all(query(url, fetch_done, (j,)) == [(0,)] for j in held)
+        operator.rollback()
+    for j in held:
+        wait_until(lambda j=j: status(url, j) == "completed", 30, "the locked jobs, once free")
+    assert "is locked by another client" in processes.log(proc)
+    assert proc.poll() is None and "Traceback" not in processes.log(proc)
+
+
 def test_no_transaction_or_row_lock_is_held_while_a_slow_task_runs(database_url, processes):
     url = database_url
     processes.worker(worker_env(url), TASKS)

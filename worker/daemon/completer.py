@@ -6,7 +6,7 @@ finishes during a write goes into the next one. At low load that is one job per 
 the drain rate close to the bare claim/complete loop's.
 
 A job whose row another client holds locked is not waited for (it would hold up every
-outcome behind it): the statement skips it and it is written again `LOCKED_RETRY` later.
+outcome behind it): the statement skips it and it is written again a little later.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from uuid import UUID
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from worker.daemon.db import Patience, fetch
+from worker.daemon.db import LOCKED_RETRY, Patience, fetch
 from worker.db import sql
 from worker.db.records import json_records
 from worker.logs import fields
@@ -31,9 +31,6 @@ from worker.tasks import Outcome, StageEnd
 log = logging.getLogger("worker.jobs")
 
 MAX_BATCH = 500  # keeps one statement's locks short and its parameters small
-# Seconds before an outcome skipped for a locked row is written again: soon after a first skip
-# (a cancel's brief lock), then at this pace, with a warning (an open transaction).
-LOCKED_RETRY = 0.5
 
 Item = tuple[UUID, int, Outcome]  # a job, its retry_count as claimed, how the attempt ended
 

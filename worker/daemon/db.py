@@ -106,6 +106,12 @@ async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:
     set_json_loads(_loads, conn)
 
 
+# Seconds before a write skipped for a row another client holds locked is tried again: soon
+# after a first skip (a cancel's brief lock), then at this pace, with a warning (an open
+# transaction holds it).
+LOCKED_RETRY = 0.5
+
+
 class _PoolNoise(logging.Filter):
     """Keeps the pool's per-attempt connection warnings out of the log, remembering the last
     connection error so the outage line can name the cause."""

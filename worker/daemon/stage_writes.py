@@ -11,7 +11,9 @@ running jobs wrote meanwhile, and each job still waits for its own write to be c
 
 Up to `MAX_FLUSHES` such statements are in flight at once, so a write seldom waits for a whole
 commit it is not part of (the server flushes concurrent commits' WAL together). That cannot
-reorder one job's writes: a job waits for each write before it makes the next.
+reorder one job's writes: a job waits for each write before it makes the next. A write for a
+job whose row another client holds locked is skipped by its statement and tried again a
+little later; its job waits, the others do not.
 
     writes = StageWrites(pool, worker_id)
     age = await writes.run(StageWrite(job_id, 0, started="load", kind="stage", attempt=1))
@@ -20,6 +22,7 @@ reorder one job's writes: a job waits for each write before it makes the next.
 from __future__ import annotations
 
 import asyncio
+import logging
 from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
@@ -27,9 +30,12 @@ from uuid import UUID
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from worker.daemon.db import TRANSIENT, fetch
+from worker.daemon.db import LOCKED_RETRY, TRANSIENT, fetch
 from worker.db import sql
 from worker.db.records import json_records
+from worker.logs import fields
+
+log = logging.getLogger("worker.jobs")
 
 # Statements in flight at once (each holds a pooled connection while it commits).
 MAX_FLUSHES = 3
@@ -52,12 +58,21 @@ class StageWrite:
     attempt: int = 0
 
 
+class _Locked:
+    """The job's row is locked by another client: the write is tried again later."""
+
+
+LOCKED = _Locked()
+Pending = tuple[StageWrite, asyncio.Future[float | None]]
+
+
 class StageWrites:
     def __init__(self, pool: AsyncConnectionPool[Any], worker_id: UUID) -> None:
         self._pool = pool
         self._worker_id = worker_id
-        self._pending: list[tuple[StageWrite, asyncio.Future[float | None]]] = []
+        self._pending: list[Pending] = []
         self._flushers: set[asyncio.Task[None]] = set()
+        self._locked: dict[UUID, int] = {}  # times each job's write met a row lock
 
     async def run(self, write: StageWrite) -> float | None:
         """Commit `write` in the next shared statement. Returns the seconds since the started
@@ -67,11 +82,14 @@ class StageWrites:
         # A writer cancelled while waiting (shutdown) leaves nobody to read an error.
         future.add_done_callback(lambda f: f.cancelled() or f.exception())
         self._pending.append((write, future))
+        self._start_flusher()
+        return await asyncio.shield(future)
+
+    def _start_flusher(self) -> None:
         if len(self._flushers) < MAX_FLUSHES:
             flusher = asyncio.create_task(self._flush(), name="stage-writes")
             self._flushers.add(flusher)
             flusher.add_done_callback(self._flushers.discard)
-        return await asyncio.shield(future)
 
     async def _flush(self) -> None:
         while self._pending:
@@ -90,7 +108,7 @@ class StageWrites:
                 # succeeds or fails on its own account.
                 for write, future in batch:
                     try:
-                        _settle(future, age=(await self._write([write]))[0])
+                        self._answer([(write, future)], await self._write([write]))
                     except (*TRANSIENT, psycopg.Error) as one:
                         _settle(future, exc=one)
                 continue
@@ -98,10 +116,36 @@ class StageWrites:
                 for _, future in batch:
                     _settle(future, exc=exc)
                 raise
-            for (_, future), age in zip(batch, ages, strict=True):
-                _settle(future, age=age)
+            self._answer(batch, ages)
 
-    async def _write(self, batch: list[StageWrite]) -> list[float | None]:
+    def _answer(self, batch: list[Pending], ages: list[float | _Locked | None]) -> None:
+        """Settle each write, or set it aside for another try if its job's row was locked."""
+        locked: list[Pending] = []
+        for (write, future), age in zip(batch, ages, strict=True):
+            if not isinstance(age, _Locked):
+                self._locked.pop(write.job_id, None)
+                _settle(future, age=age)
+                continue
+            locked.append((write, future))
+            times = self._locked[write.job_id] = self._locked.get(write.job_id, 0) + 1
+            if times == 2:
+                log.warning(
+                    "job %s: its row is locked by another client (an open transaction?); "
+                    "its stage is recorded, and the job goes on, once the lock is released",
+                    write.job_id,
+                    extra=fields("job.stage_write_locked", job_id=str(write.job_id)),
+                )
+        if not locked:
+            return
+
+        def again() -> None:
+            self._pending.extend(locked)
+            self._start_flusher()
+
+        first = any(self._locked[w.job_id] == 1 for w, _ in locked)
+        asyncio.get_running_loop().call_later(LOCKED_RETRY / 10 if first else LOCKED_RETRY, again)
+
+    async def _write(self, batch: list[StageWrite]) -> list[float | _Locked | None]:
         writes = json_records(
             (
                 {
@@ -122,7 +166,8 @@ class StageWrites:
         rows = await fetch(
             self._pool, sql.STAGE_WRITES, {"writes": writes, "worker_id": self._worker_id}
         )
-        ages: dict[int, float] = {n: float(age) for n, age in rows}
+        # A NULL age: the job is ours, but its row was locked. No row: no longer ours.
+        ages = {n: LOCKED if age is None else float(age) for n, age in rows}
         return [ages.get(n) for n in range(len(batch))]
 
 

@@ -336,15 +336,17 @@ DELETE FROM worker.jobs AS j USING doomed WHERE j.id = doomed.id
 # Safe: only jobs this worker holds, in the attempt that writes, are written (FOR SHARE: a
 # cancel waits for this commit, a rescue skips the job until its next round, and a job they
 # took first is left alone); a job has one write in flight at a time, so no row is written
-# twice in one statement.
+# twice in one statement. A job whose row another client holds locked is skipped, not waited
+# for with the whole batch: it comes back with a NULL age, to be written again later.
 STAGE_WRITES = """
-WITH w AS (
-    SELECT w.* FROM json_to_recordset(CAST(%(writes)s AS json)) AS w(
+WITH batch AS (
+    SELECT * FROM json_to_recordset(CAST(%(writes)s AS json)) AS b(
         n int, job uuid, retries int, ended text, status text, output jsonb, error text,
         started text, kind text, attempt int)
-    JOIN worker.jobs AS j ON j.id = w.job
-    WHERE j.status = 'processing' AND j.worker_id = %(worker_id)s AND j.retry_count = w.retries
-    FOR SHARE OF j
+), w AS (
+    SELECT b.* FROM batch AS b JOIN worker.jobs AS j ON j.id = b.job
+    WHERE j.status = 'processing' AND j.worker_id = %(worker_id)s AND j.retry_count = b.retries
+    FOR SHARE OF j SKIP LOCKED
 ), ended AS (
     UPDATE worker.job_stages AS s SET
         status = w.status,
@@ -362,6 +364,11 @@ WITH w AS (
     RETURNING s.job_id, extract(epoch FROM now() - s.started_at) AS age
 )
 SELECT w.n, coalesce(started.age, 0) FROM w LEFT JOIN started ON started.job_id = w.job
+UNION ALL
+SELECT b.n, NULL FROM batch AS b
+WHERE NOT EXISTS (SELECT FROM w WHERE w.n = b.n)
+  AND EXISTS (SELECT FROM worker.jobs AS j WHERE j.id = b.job AND j.status = 'processing'
+              AND j.worker_id = %(worker_id)s AND j.retry_count = b.retries)
 """
 
 # -- progress events ----------------------------------------------------------------------
