@@ -224,8 +224,8 @@ def test_idle_in_tx_another_client_holding_locks_for_30s_loses_nothing(audited_u
     wait_until(lambda: finished_count(url) >= 200, 120, "the first jobs")
 
     with psycopg.connect(url) as intruder:  # not autocommit: one long transaction
-        # Locks on pending jobs (claims skip them) and on one running job (its outcome must
-        # wait), plus a snapshot that holds back vacuum, all for `hold_for` seconds.
+        # Locks on pending jobs (claims skip them) and on one running job (its outcome waits,
+        # no other does), plus a snapshot that holds back vacuum, all for `hold_for` seconds.
         locked = [
             r[0]
             for r in intruder.execute(
@@ -279,9 +279,10 @@ def test_idle_in_tx_another_client_holding_locks_for_30s_loses_nothing(audited_u
     }
     report.emit()
     assert idle == 0, "a worker session sat idle in a transaction"
-    # Jobs keep running; their outcomes may wait: the other transaction's FOR UPDATE can catch
-    # rows being claimed at that moment, and a worker's outcome writer waits on such a row.
+    # Jobs keep running and finishing: workers skip the locked rows, in their claims and in
+    # their outcome and stage writes, and write the locked job's outcome once it is free.
     assert ran_during > 0, "no job ran while the other transaction was open"
+    assert done_during > 0, "no job finished while the other transaction was open"
     for proc in procs:
         assert proc.poll() is None
         assert "Traceback" not in workers.log(proc)
