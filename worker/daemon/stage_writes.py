@@ -62,15 +62,15 @@ class _Locked:
     """The job's row is locked by another client: the write is tried again later."""
 
 
-LOCKED = _Locked()
-Pending = tuple[StageWrite, asyncio.Future[float | None]]
+_LOCKED = _Locked()
+_Pending = tuple[StageWrite, asyncio.Future[float | None]]
 
 
 class StageWrites:
     def __init__(self, pool: AsyncConnectionPool[Any], worker_id: UUID) -> None:
         self._pool = pool
         self._worker_id = worker_id
-        self._pending: list[Pending] = []
+        self._pending: list[_Pending] = []
         self._flushers: set[asyncio.Task[None]] = set()
         self._locked: dict[UUID, int] = {}  # times each job's write met a row lock
 
@@ -118,9 +118,9 @@ class StageWrites:
                 raise
             self._answer(batch, ages)
 
-    def _answer(self, batch: list[Pending], ages: list[float | _Locked | None]) -> None:
+    def _answer(self, batch: list[_Pending], ages: list[float | _Locked | None]) -> None:
         """Settle each write, or set it aside for another try if its job's row was locked."""
-        locked: list[Pending] = []
+        locked: list[_Pending] = []
         for (write, future), age in zip(batch, ages, strict=True):
             if not isinstance(age, _Locked):
                 self._locked.pop(write.job_id, None)
@@ -167,7 +167,7 @@ class StageWrites:
             self._pool, sql.STAGE_WRITES, {"writes": writes, "worker_id": self._worker_id}
         )
         # A NULL age: the job is ours, but its row was locked. No row: no longer ours.
-        ages = {n: LOCKED if age is None else float(age) for n, age in rows}
+        ages = {n: _LOCKED if age is None else float(age) for n, age in rows}
         return [ages.get(n) for n in range(len(batch))]
 
 
