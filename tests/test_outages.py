@@ -369,6 +369,39 @@ def test_rows_locked_by_another_client_do_not_hold_up_other_jobs_stages(database
     assert proc.poll() is None and "Traceback" not in processes.log(proc)
 
 
+def test_events_reporting_an_end_are_published_only_once_it_is_written(database_url, processes):
+    """A stream must not show a stage (or the job) completed while the database does not:
+    events reporting a stage end or the job's outcome follow the write that records it. Here
+    that write waits for another client's lock (one that lets event rows in)."""
+    url = database_url
+    query(url, EFFECTS)
+    proc = processes.worker(worker_env(url), TASKS)
+    wait_until(lambda: registered(url, proc), 60, "the worker to register")
+    job_id = insert(url, "chaos_pipeline", '{"sleep": 3}')  # each stage sleeps 1.5 s
+    stage = "SELECT status FROM worker.job_stages WHERE job_id = %s AND stage = %s"
+    wait_until(lambda: query(url, stage, (job_id, "store")) == [("running",)], 30, "store")
+    events = "SELECT step, status FROM worker.job_events WHERE job_id = %s ORDER BY id"
+    with psycopg.connect(url) as operator:  # not autocommit: the transaction stays open
+        operator.execute("SELECT 1 FROM worker.jobs WHERE id = %s FOR NO KEY UPDATE", (job_id,))
+        effects_of = "SELECT count(*) FROM chaos_effects WHERE job = %s AND kind = 'stage:store'"
+        wait_until(lambda: query(url, effects_of, (job_id,)) == [(1,)], 30, "store to end")
+        time.sleep(1.0)  # events are written every 50 ms
+        seen = query(url, events, (job_id,))
+        assert ("store", "started") in seen, seen  # events do get through the lock
+        assert ("store", "completed") not in seen and ("job", "completed") not in seen, seen
+        assert query(url, stage, (job_id, "store")) == [("running",)]
+        operator.rollback()
+    wait_until(lambda: status(url, job_id) == "completed", 30, "the job, once unlocked")
+    wait_until(
+        lambda: (
+            {("store", "completed"), ("job", "completed")} <= set(query(url, events, (job_id,)))
+        ),
+        30,
+        "the events reporting its end",
+    )
+    assert proc.poll() is None and "Traceback" not in processes.log(proc)
+
+
 def test_no_transaction_or_row_lock_is_held_while_a_slow_task_runs(database_url, processes):
     url = database_url
     processes.worker(worker_env(url), TASKS)

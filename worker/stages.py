@@ -364,10 +364,10 @@ class Pipeline:
         def hand_over(outcome: Outcome) -> Outcome:
             if done is not None:
                 outcome.stage_end = StageEnd(done[0], "completed", done[1])
-                ctx.emit(done[0], "completed")
             elif claim_started_it:  # cancelled before the stage the claim started ever ran
                 outcome.stage_end = StageEnd(self.main_stages[0].name, "cancelled")
-                ctx.emit(self.main_stages[0].name, "cancelled")
+            if outcome.stage_end is not None:  # reported once it is written
+                outcome.events.append(ctx.event(outcome.stage_end.stage, outcome.stage_end.status))
             return outcome
 
         for stage in self.main_stages:
@@ -456,9 +456,10 @@ class Pipeline:
         """Run the cleanups; a stage end the outcome `after` carries is recorded with the
         first one's start (before it runs), not left for the job's outcome."""
         errors = []
-        end = None
+        end, reported = None, []
         if after is not None and self.cleanups:
             end, after.stage_end = after.stage_end, None
+            reported, after.events = after.events, []
         # Cleanups are not bound by the job's timeout: they must run even after it passed.
         job_deadline, ctx.deadline = ctx.deadline, None
         try:
@@ -472,6 +473,9 @@ class Pipeline:
                         await store.finished(ctx.job, end.stage, end.status)
                     await store.started(ctx.job, stage.name, "cleanup", attempt)
                 end = None
+                for event in reported:  # the stage end they report is written now
+                    ctx.runtime.bus.publish(event)
+                reported = []
                 ctx.emit(stage.name, "started", {"attempt": attempt})
                 ctx.step = stage.name
                 try:
@@ -500,5 +504,5 @@ class Pipeline:
             final_status = "failed"
         if final_status is not None:
             message = {"error": outcome.error.splitlines()[0]} if outcome.error else None
-            ctx.emit("job", final_status, message)
+            outcome.events.append(ctx.event("job", final_status, message))
         return outcome

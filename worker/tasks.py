@@ -105,6 +105,8 @@ class Outcome:
     delay: float = 0.0
     # A pipeline stage that ended with the attempt, recorded with the outcome (one commit).
     stage_end: StageEnd | None = None
+    # Progress events that report this outcome: published once it is written, never before.
+    events: list[ProgressEvent] = field(default_factory=list)
 
 
 @dataclass
@@ -174,17 +176,21 @@ class Context:
         self.emit(self.step or self.job.task, "progress", message or None)
 
     def emit(self, step: str, status: str, message: dict[str, JSON] | None = None) -> None:
+        self.runtime.bus.publish(self.event(step, status, message))
+
+    def event(
+        self, step: str, status: str, message: dict[str, JSON] | None = None
+    ) -> ProgressEvent:
+        """A progress event of this job, stamped now and not published yet (`emit` does both)."""
         # Built without validation: every field comes from this module (several per stage).
         # Every field is given: pydantic inspects a default factory's signature on each call.
-        self.runtime.bus.publish(
-            ProgressEvent.model_construct(
-                job_id=self.job_id,
-                step=step,
-                status=status,
-                message=message,
-                id=0,
-                created_at=datetime.now(UTC),
-            )
+        return ProgressEvent.model_construct(
+            job_id=self.job_id,
+            step=step,
+            status=status,
+            message=message,
+            id=0,
+            created_at=datetime.now(UTC),
         )
 
     def snooze(self, seconds: float) -> None:

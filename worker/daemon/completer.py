@@ -25,6 +25,7 @@ from worker.daemon.db import LOCKED_RETRY, Patience, fetch
 from worker.db import sql
 from worker.db.records import json_records
 from worker.logs import fields
+from worker.models import ProgressEvent
 from worker.settings import Settings
 from worker.tasks import Outcome, StageEnd
 
@@ -42,12 +43,14 @@ class Completer:
         worker_id: UUID,
         settings: Settings,
         patience: Patience,
+        publish: Callable[[ProgressEvent], None],
         on_recorded: Callable[[list[tuple[Any, ...]]], None] | None = None,
     ) -> None:
         self._pool = pool
         self._worker_id = worker_id
         self._settings = settings
         self._patience = patience
+        self._publish = publish
         self._on_recorded = on_recorded
         self._queue: list[Item] = []
         self._ready = asyncio.Event()
@@ -85,6 +88,12 @@ class Completer:
                 if locked:
                     self._retry_locked(batch, locked)
                 recorded = [row for row in rows if row[1] is not None]
+                # The events reporting an outcome go out once it is written; those of an
+                # outcome refused (the job is no longer ours) never do.
+                outcomes = {job_id: outcome for job_id, _, outcome in batch}
+                for row in recorded:
+                    for event in outcomes[row[0]].events:
+                        self._publish(event)
                 if self._on_recorded is not None:
                     self._on_recorded(recorded)
             if not self._locked:

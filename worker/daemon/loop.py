@@ -250,7 +250,9 @@ class Worker:
             self.pool, self.id, registration, self.settings.lease_seconds, self._cancel_requested
         )
         await heartbeat.beat()
-        completer = Completer(self.pool, self.id, self.settings, self._patience, self._recorded)
+        completer = Completer(
+            self.pool, self.id, self.settings, self._patience, self.bus.publish, self._recorded
+        )
         self._completer = completer
         await self.bus.start()
         duties = [
