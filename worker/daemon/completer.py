@@ -21,10 +21,9 @@ from uuid import UUID
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from worker.daemon.db import LOCKED_RETRY, Patience, fetch
+from worker.daemon.db import LockWaits, Patience, fetch
 from worker.db import sql
 from worker.db.records import json_records
-from worker.logs import fields
 from worker.models import ProgressEvent
 from worker.settings import Settings
 from worker.tasks import Outcome, StageEnd
@@ -56,7 +55,7 @@ class Completer:
         self._ready = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
-        self._locked: dict[UUID, int] = {}  # outcomes waiting for another client's row lock
+        self._locked = LockWaits("its outcome is written")
 
     def add(self, job_id: UUID, retries: int, outcome: Outcome, result_json: str | None) -> None:
         """Queue the outcome of the attempt that claimed the job with `retries`."""
@@ -82,11 +81,11 @@ class Completer:
                 except (psycopg.DataError, UnicodeError) as exc:
                     rows = await self._write_each(batch, exc)
                 locked = {row[0] for row in rows if row[1] is None}
-                for job_id, _, _ in batch:  # written, or no longer ours: not waiting any more
+                for job_id, _, _ in batch:
                     if job_id not in locked:
-                        self._locked.pop(job_id, None)
+                        self._locked.done(job_id)
                 if locked:
-                    self._retry_locked(batch, locked)
+                    self._retry_locked([item for item in batch if item[0] in locked])
                 recorded = [row for row in rows if row[1] is not None]
                 # The events reporting an outcome go out once it is written; those of an
                 # outcome refused (the job is no longer ours) never do.
@@ -99,26 +98,13 @@ class Completer:
             if not self._locked:
                 self._idle.set()
 
-    def _retry_locked(self, batch: list[Item], locked: set[UUID]) -> None:
-        items = [item for item in batch if item[0] in locked]
-        for job_id, _, _ in items:
-            self._locked[job_id] = self._locked.get(job_id, 0) + 1
-            if self._locked[job_id] == 2:
-                log.warning(
-                    "job %s: its row is locked by another client (an open transaction?); "
-                    "its outcome is written once the lock is released",
-                    job_id,
-                    extra=fields("job.outcome_locked", job_id=str(job_id)),
-                )
-
+    def _retry_locked(self, items: list[Item]) -> None:
         def again() -> None:
             self._queue.extend(items)
             self._ready.set()
 
-        again_once = any(self._locked[job_id] == 1 for job_id in locked)
-        asyncio.get_running_loop().call_later(
-            LOCKED_RETRY / 10 if again_once else LOCKED_RETRY, again
-        )
+        delay = self._locked.skipped(job_id for job_id, _, _ in items)
+        asyncio.get_running_loop().call_later(delay, again)
 
     async def _write_each(self, batch: list[Item], error: Exception) -> list[tuple[Any, ...]]:
         """PostgreSQL refused a batch (a value it cannot store): write its jobs one at a time,

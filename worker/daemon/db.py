@@ -20,8 +20,9 @@ import json
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, TypeVar
+from uuid import UUID
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
@@ -31,6 +32,7 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from worker.logs import fields, scrub
 
 log = logging.getLogger("worker.daemon")
+_job_log = logging.getLogger("worker.jobs")
 T = TypeVar("T")
 
 # Errors that mean "the database is not reachable right now", as opposed to a bad statement.
@@ -106,10 +108,42 @@ async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:
     set_json_loads(_loads, conn)
 
 
-# Seconds before a write skipped for a row another client holds locked is tried again: soon
-# after a first skip (a cancel's brief lock), then at this pace, with a warning (an open
-# transaction holds it).
-LOCKED_RETRY = 0.5
+class LockWaits:
+    """Paces the writes a statement skipped because another client holds the job's row locked.
+
+    A write is tried again soon after its first skip (a cancel holds a row for milliseconds),
+    then every `LOCKED_RETRY` seconds, with one warning naming the job (an open transaction
+    holds it, perhaps in `psql`).
+    """
+
+    LOCKED_RETRY = 0.5
+
+    def __init__(self, what: str) -> None:
+        self._what = what  # what waits, for the warning: "its outcome is written"
+        self._times: dict[UUID, int] = {}
+
+    def __len__(self) -> int:
+        return len(self._times)
+
+    def skipped(self, job_ids: Iterable[UUID]) -> float:
+        """Note a skip of each job's write; returns the seconds before trying them again."""
+        first = False
+        for job_id in job_ids:
+            times = self._times[job_id] = self._times.get(job_id, 0) + 1
+            first = first or times == 1
+            if times == 2:
+                _job_log.warning(
+                    "job %s: its row is locked by another client (an open transaction?); %s "
+                    "once the lock is released",
+                    job_id,
+                    self._what,
+                    extra=fields("job.write_locked", job_id=str(job_id)),
+                )
+        return self.LOCKED_RETRY / 10 if first else self.LOCKED_RETRY
+
+    def done(self, job_id: UUID) -> None:
+        """The job's write went through, or the job is no longer ours: it waits no more."""
+        self._times.pop(job_id, None)
 
 
 class _PoolNoise(logging.Filter):

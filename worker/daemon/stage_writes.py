@@ -22,7 +22,6 @@ little later; its job waits, the others do not.
 from __future__ import annotations
 
 import asyncio
-import logging
 from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
@@ -30,12 +29,9 @@ from uuid import UUID
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from worker.daemon.db import LOCKED_RETRY, TRANSIENT, fetch
+from worker.daemon.db import TRANSIENT, LockWaits, fetch
 from worker.db import sql
 from worker.db.records import json_records
-from worker.logs import fields
-
-log = logging.getLogger("worker.jobs")
 
 # Statements in flight at once (each holds a pooled connection while it commits).
 MAX_FLUSHES = 3
@@ -72,7 +68,7 @@ class StageWrites:
         self._worker_id = worker_id
         self._pending: list[_Pending] = []
         self._flushers: set[asyncio.Task[None]] = set()
-        self._locked: dict[UUID, int] = {}  # times each job's write met a row lock
+        self._locked = LockWaits("its stage is recorded, and the job goes on,")
 
     async def run(self, write: StageWrite) -> float | None:
         """Commit `write` in the next shared statement. Returns the seconds since the started
@@ -122,19 +118,11 @@ class StageWrites:
         """Settle each write, or set it aside for another try if its job's row was locked."""
         locked: list[_Pending] = []
         for (write, future), age in zip(batch, ages, strict=True):
-            if not isinstance(age, _Locked):
-                self._locked.pop(write.job_id, None)
+            if isinstance(age, _Locked):
+                locked.append((write, future))
+            else:
+                self._locked.done(write.job_id)
                 _settle(future, age=age)
-                continue
-            locked.append((write, future))
-            times = self._locked[write.job_id] = self._locked.get(write.job_id, 0) + 1
-            if times == 2:
-                log.warning(
-                    "job %s: its row is locked by another client (an open transaction?); "
-                    "its stage is recorded, and the job goes on, once the lock is released",
-                    write.job_id,
-                    extra=fields("job.stage_write_locked", job_id=str(write.job_id)),
-                )
         if not locked:
             return
 
@@ -142,8 +130,8 @@ class StageWrites:
             self._pending.extend(locked)
             self._start_flusher()
 
-        first = any(self._locked[w.job_id] == 1 for w, _ in locked)
-        asyncio.get_running_loop().call_later(LOCKED_RETRY / 10 if first else LOCKED_RETRY, again)
+        delay = self._locked.skipped(write.job_id for write, _ in locked)
+        asyncio.get_running_loop().call_later(delay, again)
 
     async def _write(self, batch: list[StageWrite]) -> list[float | _Locked | None]:
         writes = json_records(
