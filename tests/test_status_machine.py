@@ -106,14 +106,15 @@ class JobLifecycle(RuleBasedStateMachine):
         self.run(sql.ENQUEUE_MANY, jobs=json.dumps(rows))
         self.enqueued.extend(ids)
 
-    @rule(worker=st.integers(0, 1), limit=st.integers(1, 3))
-    def claim_jobs(self, worker: int, limit: int) -> None:
-        self.claim(worker, limit)
+    # Both forms of the claim: a worker of one queue, and one of several.
+    @rule(worker=st.integers(0, 1), limit=st.integers(1, 3), one_queue=st.booleans())
+    def claim_jobs(self, worker: int, limit: int, one_queue: bool) -> None:
+        self.claim(worker, limit, one_queue)
 
-    def claim(self, worker: int, limit: int) -> None:
+    def claim(self, worker: int, limit: int, one_queue: bool = False) -> None:
         self.run(
-            sql.CLAIM,
-            queues=["default"],
+            sql.CLAIM_ONE_QUEUE if one_queue else sql.CLAIM,
+            queues=["default"] if one_queue else ["default", "other"],
             limit=limit,
             worker_id=self.workers[worker],
             default_max_retries=2,

@@ -339,6 +339,7 @@ class Worker:
         # Read once, not per claim: a pipeline registered later still runs, its first stage
         # then recorded by the stage runner instead of the claim.
         first_stages = self._first_stages()
+        claim = sql.CLAIM_ONE_QUEUE if len(self.queues) == 1 else sql.CLAIM
         while not self._stop.is_set():
             free = self.concurrency - len(self._inflight) - len(self._stuck)
             if free <= 0:
@@ -353,7 +354,7 @@ class Worker:
                     await self._release_lost_claims()
                 rows = await fetch(
                     self.pool,
-                    sql.CLAIM,
+                    claim,
                     {
                         "queues": self.queues,
                         "limit": free,

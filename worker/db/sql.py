@@ -59,27 +59,9 @@ ENQUEUE_MANY_AGAIN = ENQUEUE_MANY + "ON CONFLICT (id) DO NOTHING\n"
 
 # -- the worker's hot path ----------------------------------------------------------------
 
-# Safe: SKIP LOCKED gives each pending row to exactly one claimer; the CTE fences the LIMIT
-# before the UPDATE, so a worker never takes more jobs than it has free slots.
-# Fast: one ordered scan of jobs_runnable_idx per queue (`queue = ANY(...)` cannot use the
-# index order, and sorting every pending row made each claim cost O(backlog): 50 ms vs 0.6 ms
-# at 10,000 pending). Rows a queue locked beyond the outer LIMIT are released at commit.
-# A job this worker still runs is skipped (`running`): after a missed lease a rescued job
-# waits for its old attempt here to end, or goes to another worker; never two attempts at once.
-CLAIM = """
-WITH next AS (
-    SELECT c.id, c.error FROM unnest(%(queues)s::text[]) AS q(name)
-    CROSS JOIN LATERAL (
-        SELECT id, priority, run_at, error FROM worker.jobs
-        WHERE status = 'pending' AND queue = q.name AND run_at <= now()
-          AND id <> ALL(%(running)s::uuid[])
-        ORDER BY priority DESC, run_at
-        LIMIT %(limit)s
-        FOR UPDATE SKIP LOCKED
-    ) AS c
-    ORDER BY c.priority DESC, c.run_at
-    LIMIT %(limit)s
-), claimed AS (
+# What a claim does with the jobs its `next` CTE picked: mark them ours and, for a pipeline
+# job with no stage row yet, start its first stage in the same commit.
+_CLAIMED = """), claimed AS (
     UPDATE worker.jobs AS j
     SET status = 'processing', worker_id = %(worker_id)s, started_at = now(), error = NULL
     FROM next WHERE j.id = next.id
@@ -102,6 +84,47 @@ WITH next AS (
 )
 SELECT c.*, c.id IN (SELECT job_id FROM first_stage) AS first_stage_started FROM claimed AS c
 """
+
+# Safe: SKIP LOCKED gives each pending row to exactly one claimer; the CTE fences the LIMIT
+# before the UPDATE, so a worker never takes more jobs than it has free slots.
+# A job this worker still runs is skipped (`running`): after a missed lease a rescued job
+# waits for its old attempt here to end, or goes to another worker; never two attempts at once.
+# A worker of one queue (the usual case) claims with one ordered scan of jobs_runnable_idx:
+# on an idle queue its round trip is about 1 ms shorter than the several-queue form's.
+CLAIM_ONE_QUEUE = (
+    """
+WITH next AS (
+    SELECT id, error FROM worker.jobs
+    WHERE status = 'pending' AND queue = (%(queues)s::text[])[1] AND run_at <= now()
+      AND id <> ALL(%(running)s::uuid[])
+    ORDER BY priority DESC, run_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+"""
+    + _CLAIMED
+)
+
+# The same for a worker of several queues: one ordered scan of jobs_runnable_idx per queue
+# (`queue = ANY(...)` cannot use the index order, and sorting every pending row made each claim
+# cost O(backlog): 50 ms vs 0.6 ms at 10,000 pending). Rows a queue locked beyond the outer
+# LIMIT are released at commit.
+CLAIM = (
+    """
+WITH next AS (
+    SELECT c.id, c.error FROM unnest(%(queues)s::text[]) AS q(name)
+    CROSS JOIN LATERAL (
+        SELECT id, priority, run_at, error FROM worker.jobs
+        WHERE status = 'pending' AND queue = q.name AND run_at <= now()
+          AND id <> ALL(%(running)s::uuid[])
+        ORDER BY priority DESC, run_at
+        LIMIT %(limit)s
+        FOR UPDATE SKIP LOCKED
+    ) AS c
+    ORDER BY c.priority DESC, c.run_at
+    LIMIT %(limit)s
+"""
+    + _CLAIMED
+)
 
 # Safe: guarded by status = 'processing', worker_id = us and the attempt (`retry_count` as
 # claimed), so a job rescued from this worker (then finished by another, or claimed again by
