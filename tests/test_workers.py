@@ -93,3 +93,30 @@ def test_a_live_worker_keeps_its_long_job(env, database_url, processes):
     assert job.wait_sync(timeout=60) == "done"
     assert job.retry_count == 0
     assert query(database_url, "SELECT count(*) FROM effects") == [(1,)]
+
+
+def test_jobs_claimed_ahead_go_back_to_the_queue_when_slots_stay_busy(env, database_url, processes):
+    client = Client(database_url)
+    one_slot = {"WORKER_CONCURRENCY": "1"}
+    first = processes.worker(env, "testtasks", extra=one_slot)
+    # Quick jobs: the worker starts claiming a job ahead of its one slot.
+    for job in [client.enqueue("add", {"a": i, "b": 0}) for i in range(15)]:
+        assert job.wait_sync(timeout=20) == job.refresh().payload["a"]
+    # One claim takes both: the long job runs, the quick one waits behind it.
+    slow, quick = client.enqueue_many(
+        [
+            JobSpec("effect", {"key": "slow", "sleep": 6}, priority=10),
+            JobSpec("effect", {"key": "quick"}, priority=5),
+        ]
+    )
+    wait_for(lambda: "claimed ahead went back" in processes.log(first), timeout=10)
+    processes.worker(env, "testtasks", extra=one_slot)
+    assert quick.wait_sync(timeout=10) == "done"
+    assert slow.refresh().status == "processing"  # the quick job did not wait for it
+    quick_row, slow_row = (
+        query(database_url, "SELECT worker_id, retry_count FROM worker.jobs WHERE id = %s", (j,))[0]
+        for j in (quick.job_id, slow.job_id)
+    )
+    assert quick_row[0] != slow_row[0]  # run by the other worker
+    assert quick_row[1] == 0  # going back is not an attempt
+    assert slow.wait_sync(timeout=20) == "done"

@@ -1,5 +1,11 @@
 """The claim loop: claim as many jobs as there are free slots, run them, hand outcomes over.
 
+While jobs finish within milliseconds, the loop also claims up to one more batch ahead (a
+prefetch), so the next jobs are at hand when slots free instead of one claim's round trip
+later. Jobs claimed ahead are this worker's like running ones (cancel requests reach them, a
+stop hands them back); if no slot frees for `PREFETCH_HOLD` seconds they go back to the queue
+for other workers, without counting an attempt.
+
 One asyncio loop per process. `async` tasks run on the loop, sync tasks in a thread pool of
 `WORKER_CONCURRENCY` threads. The loop wakes at once on NOTIFY (a job inserted, a job resumed,
 a cancel request) and, when idle, polls with exponential backoff from `WORKER_POLL_MIN` up to
@@ -18,6 +24,7 @@ import threading
 import time
 import traceback
 import uuid
+from collections import deque
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -64,6 +71,12 @@ job_log = logging.getLogger("worker.jobs")
 # The job whose code runs in the current task. A context variable, not the task's name: a
 # timeout (`asyncio.wait_for` before Python 3.12) runs the job's code in a task of its own.
 _running_job: contextvars.ContextVar[str] = contextvars.ContextVar("running_job", default="")
+
+# Claiming ahead pays while jobs take about a round trip; past this mean duration it would
+# only keep jobs from other workers.
+PREFETCH_BELOW_SECONDS = 0.05
+# Jobs claimed ahead go back to the queue if no slot frees for this long.
+PREFETCH_HOLD = 0.5
 
 
 def storable_text(text: str) -> str:
@@ -167,8 +180,12 @@ class Worker:
         self._stop = asyncio.Event()
         self._notified = asyncio.Event()
         self._slot_freed = asyncio.Event()
+        # Jobs this worker holds (claimed ahead or running), with their cancel flags.
         self._inflight: dict[str, threading.Event] = {}
-        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._tasks: dict[str, asyncio.Task[None]] = {}  # the running ones
+        self._ahead: deque[tuple[ClaimedJob, float]] = deque()  # claimed ahead, and when
+        # Mean duration of recent jobs (moving average); prefetch waits for a first measure.
+        self._job_seconds = float("inf")
         self._stuck: set[str] = set()  # jobs done, but their sync thread still runs
         self._threads: dict[str, int] = {}
         self._threads_lock = threading.Lock()
@@ -211,6 +228,7 @@ class Worker:
 
     def _thread_done(self, key: str) -> None:
         self._stuck.discard(key)
+        self._start_ahead()
         log.warning(
             "job %s: its abandoned thread returned at last; slot free again",
             key,
@@ -226,8 +244,8 @@ class Worker:
             log.info(
                 "worker %s stopping: no new jobs; waiting for %d running",
                 self.id,
-                len(self._inflight),
-                extra=fields("worker.stopping", worker_id=self.id, running=len(self._inflight)),
+                len(self._tasks),
+                extra=fields("worker.stopping", worker_id=self.id, running=len(self._tasks)),
             )
         self._stop.set()
         self._notified.set()
@@ -286,6 +304,8 @@ class Worker:
 
     async def _shutdown(self, completer: Completer, duties: list[asyncio.Task[Any]]) -> None:
         grace = self.settings.shutdown_grace
+        with contextlib.suppress(*TRANSIENT, TimeoutError):
+            await asyncio.wait_for(self._hand_back_ahead(), 10)  # the rest go with RELEASE below
         if self._tasks:
             _, pending = await asyncio.wait(list(self._tasks.values()), timeout=grace)
             if pending:
@@ -341,10 +361,19 @@ class Worker:
         first_stages = self._first_stages()
         claim = sql.CLAIM_ONE_QUEUE if len(self.queues) == 1 else sql.CLAIM
         while not self._stop.is_set():
-            free = self.concurrency - len(self._inflight) - len(self._stuck)
-            if free <= 0:
+            ahead = self.concurrency if self._job_seconds < PREFETCH_BELOW_SECONDS else 0
+            free = self.concurrency + ahead - len(self._inflight) - len(self._stuck)
+            # Refill the jobs claimed ahead once they have all started: a claim per batch, not
+            # one per slot freed.
+            if free <= 0 or self._ahead:
                 self._slot_freed.clear()
-                await self._slot_freed.wait()
+                if not self._ahead:
+                    await self._slot_freed.wait()
+                    continue
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._slot_freed.wait(), PREFETCH_HOLD)
+                if self._ahead and time.monotonic() - self._ahead[0][1] >= PREFETCH_HOLD:
+                    await self._hand_back_ahead()
                 continue
             self._notified.clear()
             claim_started = time.perf_counter()
@@ -376,8 +405,12 @@ class Worker:
             await self._patience.succeeded(sent)
             if self.on_claim is not None:
                 self.on_claim(time.perf_counter() - claim_started, len(rows))
+            claimed_at = time.monotonic()
             for row in rows:
-                self._start(ClaimedJob(*row))
+                job = ClaimedJob(*row)
+                self._inflight[str(job.id)] = threading.Event()  # its cancel flag
+                self._ahead.append((job, claimed_at))
+            self._start_ahead()
             if len(rows) == free:
                 delay = s.poll_min
                 continue  # there may be more: claim again as soon as a slot frees
@@ -420,12 +453,47 @@ class Worker:
             )
         self._claim_uncertain = False
 
+    async def _hand_back_ahead(self) -> None:
+        """Return the jobs claimed ahead to the queue: their slots stayed busy (or the worker
+        stops), and another worker may run them sooner. Not an attempt."""
+        if not self._ahead:
+            return
+        jobs = [job for job, _ in self._ahead]
+        self._ahead.clear()  # out of reach of `_start_ahead` while the statement runs
+        ids = [job.id for job in jobs]
+        try:
+            await fetch(self.pool, sql.RELEASE, {"worker_id": self.id, "ids": ids})
+        except TRANSIENT:
+            # Still ours: they start when slots free, or go back with the next try.
+            self._ahead.extendleft((job, time.monotonic()) for job in reversed(jobs))
+            return
+        for job in jobs:
+            self._inflight.pop(str(job.id), None)
+        # Jobs now last long enough that claiming ahead only keeps them from other workers.
+        self._job_seconds = max(self._job_seconds, PREFETCH_HOLD)
+        log.info(
+            "%d jobs claimed ahead went back to the queue: no slot freed within %.1f s",
+            len(jobs),
+            PREFETCH_HOLD,
+            extra=fields("claim.ahead_returned", jobs=len(jobs)),
+        )
+
+    def _start_ahead(self) -> None:
+        """Start claimed jobs while slots are free."""
+        while (
+            self._ahead
+            and not self._stop.is_set()
+            and len(self._tasks) + len(self._stuck) < self.concurrency
+        ):
+            self._start(self._ahead.popleft()[0])
+
     def _start(self, job: ClaimedJob) -> None:
         key = str(job.id)
-        cancel = threading.Event()
+        cancel = self._inflight[key]
         if job.cancel_requested:
             cancel.set()
-        self._inflight[key] = cancel
+        elif cancel.is_set():  # requested while the job waited for a slot
+            job.cancel_requested = True
         self._tasks[key] = asyncio.create_task(self._execute(job, cancel), name=f"job-{key}")
         if job_log.isEnabledFor(logging.INFO):
             job_log.info(
@@ -441,6 +509,7 @@ class Worker:
 
     async def _execute(self, job: ClaimedJob, cancel: threading.Event) -> None:
         key = str(job.id)
+        began = time.monotonic()
         _running_job.set(key)
         entry = self.registry.get(job.task)
         result_json: str | None = None
@@ -501,6 +570,10 @@ class Worker:
         self._unwritten.add(job.id)
         self._inflight.pop(key, None)
         self._completer.add(job.id, job.retry_count, outcome, result_json)
+        took = time.monotonic() - began
+        average = self._job_seconds
+        self._job_seconds = took if average == float("inf") else 0.8 * average + 0.2 * took
+        self._start_ahead()
         self._slot_freed.set()
 
     async def _attempt(self, entry: Executable, ctx: Context) -> Outcome:
