@@ -52,24 +52,25 @@ def test_job_inserted_with_plain_sql_is_picked_up(env, database_url, processes):
 def test_worker_runs_only_its_queues_highest_priority_first(env, database_url, processes, queues):
     # One queue and several take different claim statements; both must honour the same order.
     client = Client(database_url)
-    enqueued = [
-        (client.enqueue("add", {"a": 1, "b": 1}, queue=queue, priority=priority).job_id, queue)
-        for priority in (0, 5, -3, 5)
+    jobs = [  # (key, queue, priority), in the order enqueued
+        (f"{queue}-{n}", queue, priority)
+        for n, priority in enumerate((0, 5, -3, 5))
         for queue in ("emails", "reports", "other")
     ]
-    served = queues.split(",")
-    mine = [job_id for job_id, queue in enqueued if queue in served]
+    for key, queue, priority in jobs:
+        client.enqueue("effect", {"key": key}, queue=queue, priority=priority)
+    mine = [job for job in jobs if job[1] in queues.split(",")]
     processes.worker(env, "testtasks", extra={"WORKER_QUEUES": queues, "WORKER_CONCURRENCY": "1"})
-    done = "SELECT id::text FROM worker.jobs WHERE status = 'completed' ORDER BY started_at"
-    wait_for(lambda: len(query(database_url, done)) == len(mine), timeout=20)
-    time.sleep(0.3)  # a claim of a job from another queue would show by now
+    ran = "SELECT job FROM effects ORDER BY at"
+    wait_for(lambda: len(query(database_url, ran)) == len(mine), timeout=20)
+    time.sleep(0.3)  # a job from another queue would have run by now
 
-    # One job per claim (concurrency 1): higher priority first, then the order of enqueueing.
-    priority = dict(query(database_url, "SELECT id::text, priority FROM worker.jobs"))
-    expected = sorted(mine, key=lambda job_id: (-priority[job_id], mine.index(job_id)))
-    assert [row[0] for row in query(database_url, done)] == expected
-    others = "SELECT count(*) FROM worker.jobs WHERE status = 'pending'"
-    assert query(database_url, others) == [(len(enqueued) - len(mine),)]
+    # One slot, so one job after another (jobs claimed ahead included): higher priority first,
+    # then the order of enqueueing.
+    expected = sorted(mine, key=lambda job: (-job[2], mine.index(job)))
+    assert [row[0] for row in query(database_url, ran)] == [key for key, _, _ in expected]
+    pending = "SELECT count(*) FROM worker.jobs WHERE status = 'pending'"
+    assert query(database_url, pending) == [(len(jobs) - len(mine),)]
 
 
 def test_unknown_task_fails_at_once_without_retries(env, database_url, processes):

@@ -82,7 +82,10 @@ _CLAIMED = """), claimed AS (
     ON CONFLICT (job_id, stage) DO NOTHING
     RETURNING job_id
 )
-SELECT c.*, c.id IN (SELECT job_id FROM first_stage) AS first_stage_started FROM claimed AS c
+-- In claim order: the worker starts jobs it claimed ahead of its free slots in this order.
+SELECT c.*, c.id IN (SELECT job_id FROM first_stage) AS first_stage_started
+FROM claimed AS c JOIN next ON next.id = c.id
+ORDER BY next.priority DESC, next.run_at
 """
 
 # Safe: SKIP LOCKED gives each pending row to exactly one claimer; the CTE fences the LIMIT
@@ -94,7 +97,7 @@ SELECT c.*, c.id IN (SELECT job_id FROM first_stage) AS first_stage_started FROM
 CLAIM_ONE_QUEUE = (
     """
 WITH next AS (
-    SELECT id, error FROM worker.jobs
+    SELECT id, priority, run_at, error FROM worker.jobs
     WHERE status = 'pending' AND queue = (%(queues)s::text[])[1] AND run_at <= now()
       AND id <> ALL(%(running)s::uuid[])
     ORDER BY priority DESC, run_at
@@ -111,7 +114,7 @@ WITH next AS (
 CLAIM = (
     """
 WITH next AS (
-    SELECT c.id, c.error FROM unnest(%(queues)s::text[]) AS q(name)
+    SELECT c.id, c.priority, c.run_at, c.error FROM unnest(%(queues)s::text[]) AS q(name)
     CROSS JOIN LATERAL (
         SELECT id, priority, run_at, error FROM worker.jobs
         WHERE status = 'pending' AND queue = q.name AND run_at <= now()
