@@ -300,6 +300,8 @@ class Task:
         settled = settled_before_start(ctx.job)
         if settled is not None:
             return settled
+        if ctx.cancelled:  # requested after the claim, before the job had a slot
+            return Outcome("cancelled", error="cancelled")
         args: tuple[Any, ...] = (ctx.payload, ctx) if self.wants_context else (ctx.payload,)
         return Outcome("completed", result=await call(ctx, self.fn, self.is_async, *args))
 

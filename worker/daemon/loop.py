@@ -489,11 +489,9 @@ class Worker:
 
     def _start(self, job: ClaimedJob) -> None:
         key = str(job.id)
-        cancel = self._inflight[key]
+        cancel = self._inflight[key]  # set if a cancel request came while the job waited
         if job.cancel_requested:
             cancel.set()
-        elif cancel.is_set():  # requested while the job waited for a slot
-            job.cancel_requested = True
         self._tasks[key] = asyncio.create_task(self._execute(job, cancel), name=f"job-{key}")
         if job_log.isEnabledFor(logging.INFO):
             job_log.info(
