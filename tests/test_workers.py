@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import time
 
+import pytest
 from conftest import Processes, query, wait_for
 
-from worker import Client, JobSpec
+from worker import AsyncClient, Client, JobCancelledError, JobSpec, JobStatus
+from worker.daemon import Worker, loop
+from worker.settings import Settings
+from worker.tasks import Task
 
 
 def counts(url: str) -> dict[str, int]:
@@ -120,3 +125,52 @@ def test_jobs_claimed_ahead_go_back_to_the_queue_when_slots_stay_busy(env, datab
     assert quick_row[0] != slow_row[0]  # run by the other worker
     assert quick_row[1] == 0  # going back is not an attempt
     assert slow.wait_sync(timeout=20) == "done"
+
+
+def test_job_cancelled_while_claimed_ahead_never_runs(database_url, monkeypatch):
+    # In one process, so that the test decides when the one slot frees; the job claimed ahead
+    # is held long enough for a loaded machine.
+    monkeypatch.setattr(loop, "PREFETCH_HOLD", 10.0)
+    ran: list[str] = []
+
+    async def main() -> None:
+        release = asyncio.Event()
+
+        async def slow(payload: dict[str, object]) -> None:
+            await release.wait()
+
+        async def quick(payload: dict[str, object]) -> None:
+            ran.append(str(payload["key"]))
+
+        registry = {
+            "slow": Task("slow", slow, is_async=True),
+            "quick": Task("quick", quick, is_async=True),
+        }
+        settings = Settings(DATABASE_URL=database_url, WORKER_CONCURRENCY=1)
+        worker = Worker(database_url, settings, registry=registry)
+        running = asyncio.create_task(worker.run())
+        client = AsyncClient(database_url)
+        try:
+            async with asyncio.timeout(30):
+                for i in range(3):  # quick jobs: the worker starts claiming a job ahead
+                    await (await client.enqueue("quick", {"key": f"warm-up {i}"})).wait()
+                blocker, victim = await client.enqueue_many(
+                    [JobSpec("slow", priority=10), JobSpec("quick", {"key": "victim"}, priority=5)]
+                )
+                while not any(str(job.id) == victim.job_id for job, _ in worker._ahead):
+                    await asyncio.sleep(0.002)
+                # Claimed, so the request is all a cancel can do; the worker hears of it.
+                assert await client.cancel(victim.job_id) == JobStatus.PROCESSING
+                while not worker._inflight[victim.job_id].is_set():
+                    await asyncio.sleep(0.002)
+                release.set()
+                await blocker.wait()
+                with pytest.raises(JobCancelledError):
+                    await victim.wait()
+        finally:
+            worker.request_stop()
+            await running
+            await client.close()
+
+    asyncio.run(main())
+    assert ran == [f"warm-up {i}" for i in range(3)]
