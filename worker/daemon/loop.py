@@ -305,7 +305,9 @@ class Worker:
     async def _shutdown(self, completer: Completer, duties: list[asyncio.Task[Any]]) -> None:
         grace = self.settings.shutdown_grace
         with contextlib.suppress(*TRANSIENT, TimeoutError):
-            await asyncio.wait_for(self._hand_back_ahead(), 10)  # the rest go with RELEASE below
+            await asyncio.wait_for(
+                self._hand_back_ahead("the worker stops"), 10
+            )  # or RELEASE below
         if self._tasks:
             _, pending = await asyncio.wait(list(self._tasks.values()), timeout=grace)
             if pending:
@@ -367,13 +369,14 @@ class Worker:
             # one per slot freed.
             if free <= 0 or self._ahead:
                 self._slot_freed.clear()
-                if not self._ahead:
-                    await self._slot_freed.wait()
-                    continue
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._slot_freed.wait(), PREFETCH_HOLD)
+                    hold = PREFETCH_HOLD if self._ahead else None
+                    await asyncio.wait_for(self._slot_freed.wait(), hold)
                 if self._ahead and time.monotonic() - self._ahead[0][1] >= PREFETCH_HOLD:
-                    await self._hand_back_ahead()
+                    await self._hand_back_ahead(f"no slot freed within {PREFETCH_HOLD} s")
+                    # Jobs now last long enough that claiming ahead would only keep them from
+                    # other workers: not again until short jobs bring the average down.
+                    self._job_seconds = max(self._job_seconds, PREFETCH_HOLD)
                 continue
             self._notified.clear()
             claim_started = time.perf_counter()
@@ -453,9 +456,9 @@ class Worker:
             )
         self._claim_uncertain = False
 
-    async def _hand_back_ahead(self) -> None:
-        """Return the jobs claimed ahead to the queue: their slots stayed busy (or the worker
-        stops), and another worker may run them sooner. Not an attempt."""
+    async def _hand_back_ahead(self, why: str) -> None:
+        """Return the jobs claimed ahead to the queue, for another worker to run them sooner.
+        Not an attempt."""
         if not self._ahead:
             return
         jobs = [job for job, _ in self._ahead]
@@ -469,13 +472,11 @@ class Worker:
             return
         for job in jobs:
             self._inflight.pop(str(job.id), None)
-        # Jobs now last long enough that claiming ahead only keeps them from other workers.
-        self._job_seconds = max(self._job_seconds, PREFETCH_HOLD)
         log.info(
-            "%d jobs claimed ahead went back to the queue: no slot freed within %.1f s",
+            "%d jobs claimed ahead went back to the queue: %s",
             len(jobs),
-            PREFETCH_HOLD,
-            extra=fields("claim.ahead_returned", jobs=len(jobs)),
+            why,
+            extra=fields("claim.ahead_returned", jobs=len(jobs), reason=why),
         )
 
     def _start_ahead(self) -> None:
