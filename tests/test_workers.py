@@ -127,7 +127,8 @@ def test_jobs_claimed_ahead_go_back_to_the_queue_when_slots_stay_busy(env, datab
     assert slow.wait_sync(timeout=20) == "done"
 
 
-def test_job_cancelled_while_claimed_ahead_never_runs(database_url, monkeypatch):
+@pytest.mark.parametrize("victim_task", ["quick", "not_registered"])
+def test_job_cancelled_while_claimed_ahead_never_runs(database_url, monkeypatch, victim_task):
     # In one process, so that the test decides when the one slot frees; the job claimed ahead
     # is held long enough for a loaded machine.
     monkeypatch.setattr(loop, "PREFETCH_HOLD", 10.0)
@@ -155,7 +156,10 @@ def test_job_cancelled_while_claimed_ahead_never_runs(database_url, monkeypatch)
                 for i in range(3):  # quick jobs: the worker starts claiming a job ahead
                     await (await client.enqueue("quick", {"key": f"warm-up {i}"})).wait()
                 blocker, victim = await client.enqueue_many(
-                    [JobSpec("slow", priority=10), JobSpec("quick", {"key": "victim"}, priority=5)]
+                    [
+                        JobSpec("slow", priority=10),
+                        JobSpec(victim_task, {"key": "victim"}, priority=5),
+                    ]
                 )
                 while not any(str(job.id) == victim.job_id for job, _ in worker._ahead):
                     await asyncio.sleep(0.002)
