@@ -15,23 +15,25 @@ from worker import AsyncClient, Client, InvalidJob, JobSpec
 N = 10_000
 
 
-def statements_of(client: Client, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+def statements_of(client: Client | AsyncClient, monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Every statement the client sends: through its SQLAlchemy engine, or straight through
-    psycopg (enqueues outside a caller's transaction)."""
+    psycopg (enqueues outside a caller's transaction), COPY included."""
     seen: list[str] = []
 
     def record(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
         seen.append(statement)
 
-    event.listen(client.engine, "before_cursor_execute", record)
+    engine = client.engine if isinstance(client, Client) else client.engine.sync_engine
+    event.listen(engine, "before_cursor_execute", record)
     for cls in (psycopg.Cursor, psycopg.AsyncCursor):
-        real = cls.execute
+        for name in ("execute", "copy"):
+            real = getattr(cls, name)
 
-        def execute(self: Any, query: Any, *args: Any, _real: Any = real, **kw: Any) -> Any:
-            seen.append(str(query))
-            return _real(self, query, *args, **kw)
+            def send(self: Any, query: Any, *args: Any, _real: Any = real, **kw: Any) -> Any:
+                seen.append(str(query))
+                return _real(self, query, *args, **kw)
 
-        monkeypatch.setattr(cls, "execute", execute)
+            monkeypatch.setattr(cls, name, send)
     return seen
 
 
@@ -47,7 +49,7 @@ def test_enqueue_many_writes_ten_thousand_jobs_in_one_statement(database_url, mo
     sent = statements_of(client, monkeypatch)
     jobs = client.enqueue_many(specs(N))
     monkeypatch.undo()
-    assert len(sent) == 1 and sent[0].lstrip().startswith("INSERT INTO worker.jobs")
+    assert len(sent) == 1 and sent[0].startswith("COPY worker.jobs")
     assert len(jobs) == N and len({j.job_id for j in jobs}) == N
     rows = query(
         database_url,
@@ -108,23 +110,11 @@ def test_backslash_text_that_only_looks_like_an_escaped_nul_is_accepted(database
 def test_async_enqueue_many_writes_the_batch_in_one_statement(database_url, monkeypatch):
     async def main() -> list[str]:
         client = AsyncClient(database_url)
-        sent: list[str] = []
-        event.listen(
-            client.engine.sync_engine,
-            "before_cursor_execute",
-            lambda conn, cursor, statement, *args: sent.append(statement),
-        )
-        real = psycopg.AsyncCursor.execute
-
-        async def execute(self: Any, query: Any, *args: Any, **kw: Any) -> Any:
-            sent.append(str(query))
-            return await real(self, query, *args, **kw)
-
-        monkeypatch.setattr(psycopg.AsyncCursor, "execute", execute)
+        sent = statements_of(client, monkeypatch)
         jobs = await client.enqueue_many([("add", {"a": i, "b": 0}) for i in range(N)])
         monkeypatch.undo()
         await client.close()
-        assert len(sent) == 1
+        assert len(sent) == 1 and sent[0].startswith("COPY worker.jobs")
         return [j.job_id for j in jobs]
 
     ids = asyncio.run(main())
@@ -139,3 +129,29 @@ def test_enqueue_many_of_nothing_writes_nothing(database_url, monkeypatch):
     sent = statements_of(client, monkeypatch)
     assert client.enqueue_many([]) == []
     assert sent == []
+
+
+ODD_TASK = "add\tthe\\ numbers\n\r"
+ODD_QUEUE = "q\\N\t1"
+ODD_PAYLOAD: dict[str, Any] = {"s": "a\tb\nc\\d \u00e9 \u2028 \\N", "k\\": ["\\", "\\\\t"]}
+
+
+@pytest.mark.parametrize("delay", [0, 60], ids=["copied", "inserted"])
+def test_enqueue_many_stores_names_and_payloads_exactly(database_url, monkeypatch, delay):
+    # Jobs that run now go by COPY, whose text format has its own escapes; a batch with a
+    # waiting job goes by INSERT, its run_at from the server's clock.
+    client = Client(database_url)
+    sent = statements_of(client, monkeypatch)
+    (job,) = client.enqueue_many(
+        [JobSpec(ODD_TASK, ODD_PAYLOAD, queue=ODD_QUEUE, delay=delay, max_retries=3)]
+    )
+    monkeypatch.undo()
+    assert sent[0].split()[0] == ("COPY" if delay == 0 else "INSERT")
+    ((task, queue, payload, max_retries, wait),) = query(
+        database_url,
+        "SELECT task, queue, payload, max_retries, extract(epoch FROM run_at - created_at) "
+        "FROM worker.jobs WHERE id = %s",
+        (job.job_id,),
+    )
+    assert (task, queue, payload, max_retries) == (ODD_TASK, ODD_QUEUE, ODD_PAYLOAD, 3)
+    assert float(wait) == pytest.approx(delay, abs=1)

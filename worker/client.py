@@ -178,11 +178,55 @@ def _as_spec(item: object) -> JobSpec:
     raise InvalidJob(f"expected a JobSpec or a (task, payload) tuple, not {type(item).__name__}")
 
 
-def _prepared_many(
-    jobs: Iterable[JobSpec | tuple[str, dict[str, JSON]]], max_bytes: int
-) -> tuple[list[JobSpec], list[str], dict[str, Any]]:
-    """Every job validated before anything is written; the first bad one is named by index.
-    Returns the specs, their new ids and the parameters of `sql.ENQUEUE_MANY`."""
+@dataclass
+class _Batch:
+    """Jobs for `enqueue_many`, every one validated, with their new ids."""
+
+    specs: list[JobSpec]
+    ids: list[str]
+    rows: list[dict[str, Any]]  # each job's parameters of `sql.ENQUEUE`, less its id
+
+    def params(self) -> dict[str, Any]:
+        """The parameters of `sql.ENQUEUE_MANY`."""
+        # The payloads are already JSON text: they go in as they are, not encoded a second time.
+        names: dict[str, str] = {}
+        parts = []
+        for job_id, r in zip(self.ids, self.rows, strict=True):
+            task, queue, run_at, retries = r["task"], r["queue"], r["run_at"], r["max_retries"]
+            t = names.get(task) or names.setdefault(task, dumps(task))
+            q = names.get(queue) or names.setdefault(queue, dumps(queue))
+            ra = "null" if run_at is None else f'"{run_at.isoformat()}"'
+            mr = "null" if retries is None else str(retries)
+            parts.append(
+                f'{{"i":"{job_id}","t":{t},"p":{r["payload"]},"q":{q},"pr":{r["priority"]},'
+                f'"ra":{ra},"d":{r["delay"]!r},"mr":{mr}}}'
+            )
+        return {"jobs": f"[{','.join(parts)}]"}
+
+    def copy_rows(self) -> str | None:
+        """The rows of `sql.ENQUEUE_MANY_COPY`, or None if a job waits (a delay or a run_at:
+        its run_at must come from the server's clock, which COPY cannot read)."""
+        if any(r["run_at"] is not None or r["delay"] for r in self.rows):
+            return None
+        names: dict[str, str] = {}
+        lines = []
+        for job_id, r in zip(self.ids, self.rows, strict=True):
+            task, queue, payload, retries = r["task"], r["queue"], r["payload"], r["max_retries"]
+            t = names.get(task) or names.setdefault(task, task.translate(_COPY_ESCAPES))
+            q = names.get(queue) or names.setdefault(queue, queue.translate(_COPY_ESCAPES))
+            if "\\" in payload:  # JSON text holds no tab or newline, only escapes of them
+                payload = payload.replace("\\", "\\\\")
+            mr = "\\N" if retries is None else str(retries)
+            lines.append(f"{job_id}\t{t}\t{payload}\t{q}\t{r['priority']}\t{mr}\n")
+        return "".join(lines)
+
+
+# What COPY's text format escapes in a value (its delimiter, its row end, and the escape).
+_COPY_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
+
+
+def _prepared_many(jobs: Iterable[JobSpec | tuple[str, dict[str, JSON]]], max_bytes: int) -> _Batch:
+    """Every job validated before anything is written; the first bad one is named by index."""
     specs: list[JobSpec] = []
     rows: list[dict[str, Any]] = []
     for i, item in enumerate(jobs):
@@ -192,21 +236,7 @@ def _prepared_many(
         except InvalidJob as exc:
             raise InvalidJob(f"job {i}: {exc}") from None
         specs.append(spec)
-    ids = new_job_ids(len(rows))
-    # The payloads are already JSON text: they go in as they are, not encoded a second time.
-    names: dict[str, str] = {}
-    parts = []
-    for job_id, r in zip(ids, rows, strict=True):
-        task, queue, run_at, retries = r["task"], r["queue"], r["run_at"], r["max_retries"]
-        t = names.get(task) or names.setdefault(task, dumps(task))
-        q = names.get(queue) or names.setdefault(queue, dumps(queue))
-        ra = "null" if run_at is None else f'"{run_at.isoformat()}"'
-        mr = "null" if retries is None else str(retries)
-        parts.append(
-            f'{{"i":"{job_id}","t":{t},"p":{r["payload"]},"q":{q},"pr":{r["priority"]},'
-            f'"ra":{ra},"d":{r["delay"]!r},"mr":{mr}}}'
-        )
-    return specs, ids, {"jobs": f"[{','.join(parts)}]"}
+    return _Batch(specs, new_job_ids(len(rows)), rows)
 
 
 def new_job_id() -> str:
@@ -747,11 +777,17 @@ class Client:
 
         >>> client.enqueue_many([JobSpec("resize", {"id": i}) for i in range(50)])  # doctest: +SKIP
         """
-        specs, ids, params = _prepared_many(jobs, self.max_payload_bytes)
-        if not specs:
+        batch = _prepared_many(jobs, self.max_payload_bytes)
+        if not batch.specs:
             return []
-        self._insert(sql.ENQUEUE_MANY, sql.ENQUEUE_MANY_AGAIN, params, connection, False)
-        return [_new_job(i, s, self) for i, s in zip(ids, specs, strict=True)]
+        rows = batch.copy_rows() if connection is None else None
+        if rows is not None:
+            self._direct.copy(sql.ENQUEUE_MANY_COPY, rows, sql.ENQUEUE_MANY_AGAIN, batch.params)
+        else:
+            self._insert(
+                sql.ENQUEUE_MANY, sql.ENQUEUE_MANY_AGAIN, batch.params(), connection, False
+            )
+        return [_new_job(i, s, self) for i, s in zip(batch.ids, batch.specs, strict=True)]
 
     def get(self, job_id: str | UUID) -> Job:
         """The job's current state, with its stages; `JobNotFound` if there is no such job."""
@@ -885,11 +921,19 @@ class AsyncClient:
         connection: AsyncTarget = None,
     ) -> list[Job]:
         """See `Client.enqueue_many`."""
-        specs, ids, params = _prepared_many(jobs, self.max_payload_bytes)
-        if not specs:
+        batch = _prepared_many(jobs, self.max_payload_bytes)
+        if not batch.specs:
             return []
-        await self._insert(sql.ENQUEUE_MANY, sql.ENQUEUE_MANY_AGAIN, params, connection, False)
-        return [_new_job(i, s, self) for i, s in zip(ids, specs, strict=True)]
+        rows = batch.copy_rows() if connection is None else None
+        if rows is not None:
+            await self._direct.copy(
+                sql.ENQUEUE_MANY_COPY, rows, sql.ENQUEUE_MANY_AGAIN, batch.params
+            )
+        else:
+            await self._insert(
+                sql.ENQUEUE_MANY, sql.ENQUEUE_MANY_AGAIN, batch.params(), connection, False
+            )
+        return [_new_job(i, s, self) for i, s in zip(batch.ids, batch.specs, strict=True)]
 
     async def get(self, job_id: str | UUID) -> Job:
         """See `Client.get`."""

@@ -4,7 +4,8 @@ An enqueue is one autocommit statement, so it needs no transaction, no pool pre-
 ORM: a kept connection and a prepared statement make it one round trip. A connection found
 dead (a server restart, a dropped socket) is replaced and the statement sent once more on a
 fresh connection, with the statement's idempotent twin (the client made the ids), so a write
-whose commit was in doubt is never made twice.
+whose commit was in doubt is never made twice. A batch of jobs may go by COPY instead: one
+statement as well, sent again as its idempotent INSERT twin.
 
     writes = DirectWrites(url)
     rows = writes.run(sql.ENQUEUE, sql.ENQUEUE_AGAIN, params)
@@ -15,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import psycopg
@@ -52,9 +54,24 @@ class DirectWrites:
     def run(self, statement: str, again: str, params: dict[str, Any]) -> Rows:
         """Run `statement`; if the connection turns out dead, run `again` (its idempotent
         twin) once on a fresh connection. Returns the rows (empty if none are returned)."""
+        return self._once(lambda conn: _execute(conn, statement, params), again, lambda: params)
+
+    def copy(
+        self, statement: str, rows: str, again: str, params: Callable[[], dict[str, Any]]
+    ) -> None:
+        """Send `rows` (COPY text) by the COPY `statement`; if the connection turns out dead,
+        run `again` with `params()` once on a fresh connection, as `run` does."""
+        self._once(lambda conn: _copy(conn, statement, rows), again, params)
+
+    def _once(
+        self,
+        first: Callable[[psycopg.Connection[Any]], Rows],
+        again: str,
+        params: Callable[[], dict[str, Any]],
+    ) -> Rows:
         conn = self._take()
         try:
-            rows = _execute(conn, statement, params)
+            rows = first(conn)
         except psycopg.OperationalError:
             if not conn.closed:
                 self._give(conn)
@@ -68,7 +85,7 @@ class DirectWrites:
             return rows
         conn = psycopg.connect(self.url, **_OPTIONS)
         try:
-            return _execute(conn, again, params)
+            return _execute(conn, again, params())
         finally:
             self._give(conn)
 
@@ -114,9 +131,25 @@ class AsyncDirectWrites:
 
     async def run(self, statement: str, again: str, params: dict[str, Any]) -> Rows:
         """See `DirectWrites.run`."""
+        return await self._once(
+            lambda cur: _execute_async(cur, statement, params), again, lambda: params
+        )
+
+    async def copy(
+        self, statement: str, rows: str, again: str, params: Callable[[], dict[str, Any]]
+    ) -> None:
+        """See `DirectWrites.copy`."""
+        await self._once(lambda cur: _copy_async(cur, statement, rows), again, params)
+
+    async def _once(
+        self,
+        first: Callable[[psycopg.AsyncCursor[Any]], Awaitable[Rows]],
+        again: str,
+        params: Callable[[], dict[str, Any]],
+    ) -> Rows:
         cur = await self._take()
         try:
-            rows = await _execute_async(cur, statement, params)
+            rows = await first(cur)
         except psycopg.OperationalError:
             if not cur.connection.closed:
                 await self._give(cur)
@@ -130,7 +163,7 @@ class AsyncDirectWrites:
             return rows
         cur = (await psycopg.AsyncConnection.connect(self.url, **_OPTIONS)).cursor()
         try:
-            return await _execute_async(cur, again, params)
+            return await _execute_async(cur, again, params())
         finally:
             await self._give(cur)
 
@@ -184,3 +217,15 @@ async def _execute_async(
 ) -> Rows:
     await cur.execute(statement, params)
     return await cur.fetchall() if cur.description else []
+
+
+def _copy(conn: psycopg.Connection[Any], statement: str, rows: str) -> Rows:
+    with conn.cursor() as cur, cur.copy(statement) as copy:
+        copy.write(rows)
+    return []
+
+
+async def _copy_async(cur: psycopg.AsyncCursor[Any], statement: str, rows: str) -> Rows:
+    async with cur.copy(statement) as copy:
+        await copy.write(rows)
+    return []

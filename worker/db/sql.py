@@ -44,17 +44,26 @@ SELECT id, run_at FROM worker.jobs WHERE id = CAST(%(id)s AS uuid) AND NOT EXIST
 # must escape element by element); one NOTIFY per queue for the whole batch. The client makes
 # the ids, so each handle matches its row whatever order the rows are written in. A row:
 # {"i": id, "t": task, "p": payload object, "q": queue, "pr": priority, "ra": run_at or null,
-#  "d": delay seconds, "mr": max_retries or null}. COPY measured about 2x faster at 1,000 to
-# 10,000 rows but cannot compute run_at from the server's clock and needs psycopg underneath.
+#  "d": delay seconds, "mr": max_retries or null}. Used in a caller's transaction (any driver)
+# and for batches with waiting jobs; other batches go by ENQUEUE_MANY_COPY.
+# The payload is unpacked as json and cast: `json_to_recordset` fills a jsonb field more slowly
+# than the cast does (about 1 ms of the statement's 20 at 1,000 rows).
 ENQUEUE_MANY = """
 INSERT INTO worker.jobs (id, task, payload, queue, priority, run_at, max_retries)
-SELECT i, t, p, q, pr, coalesce(ra, now() + make_interval(secs => d)), mr
+SELECT i, t, CAST(p AS jsonb), q, pr, coalesce(ra, now() + make_interval(secs => d)), mr
 FROM json_to_recordset(CAST(%(jobs)s AS json))
-    AS x(i uuid, t text, p jsonb, q text, pr smallint, ra timestamptz, d float8, mr integer)
+    AS x(i uuid, t text, p json, q text, pr smallint, ra timestamptz, d float8, mr integer)
 """
 
-# ENQUEUE_MANY again after the connection died with the outcome unknown: the batch is one
-# statement, so it committed whole or not at all; the ids make the second try a no-op if it did.
+# A batch of jobs that all run now, on the client's own connection: COPY, about a sixth
+# quicker than ENQUEUE_MANY at 1,000 jobs. The columns left out take their defaults: `pending`,
+# and run_at now() from the server's clock. Rows are tab-separated text (`_Batch.copy_rows`).
+# Like an INSERT, it fires the statement trigger: one NOTIFY per queue, at commit.
+ENQUEUE_MANY_COPY = "COPY worker.jobs (id, task, payload, queue, priority, max_retries) FROM STDIN"
+
+# ENQUEUE_MANY (or its COPY) again after the connection died with the outcome unknown: the batch
+# is one statement, so it committed whole or not at all; the ids make the second try a no-op if
+# it did.
 ENQUEUE_MANY_AGAIN = ENQUEUE_MANY + "ON CONFLICT (id) DO NOTHING\n"
 
 # -- the worker's hot path ----------------------------------------------------------------
