@@ -305,6 +305,8 @@ class Pipeline:
                 await store.finished(job, row.stage, "failed", error=f"interrupted: {interrupted}")
                 row.status = "failed"
 
+        # A cancel that came after the claim is met at the first stage boundary, which also
+        # ends the stage the claim started.
         settled = settled_before_start(job)
         if settled is not None:
             if settled.kind == "failed" and not job.last_error and interrupted:

@@ -267,10 +267,11 @@ async def call(ctx: Context, fn: Callable[..., Any], is_async: bool, *args: Any)
         raise TaskTimeout(f"job {ctx.job_id} ({ctx.job.task}) ran past its timeout") from None
 
 
-def settled_before_start(job: ClaimedJob) -> Outcome | None:
-    """The outcome of a job that must not run at all: cancelled while it waited, or out of
-    attempts after its worker was lost (see `sql.RESCUE`)."""
-    if job.cancel_requested:
+def settled_before_start(job: ClaimedJob, cancelled: bool = False) -> Outcome | None:
+    """The outcome of a job that must not run at all: cancelled while it waited (in the queue,
+    or, `cancelled`, claimed ahead of a free slot), or out of attempts after its worker was
+    lost (see `sql.RESCUE`)."""
+    if job.cancel_requested or cancelled:
         return Outcome("cancelled", error="cancelled")
     if job.retry_count > job.max_retries:
         return Outcome("failed", error=job.last_error or "out of attempts")
@@ -297,11 +298,9 @@ class Task:
     is_async: bool = False
 
     async def execute(self, ctx: Context) -> Outcome:
-        settled = settled_before_start(ctx.job)
+        settled = settled_before_start(ctx.job, ctx.cancelled)
         if settled is not None:
             return settled
-        if ctx.cancelled:  # requested after the claim, before the job had a slot
-            return Outcome("cancelled", error="cancelled")
         args: tuple[Any, ...] = (ctx.payload, ctx) if self.wants_context else (ctx.payload,)
         return Outcome("completed", result=await call(ctx, self.fn, self.is_async, *args))
 

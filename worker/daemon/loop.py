@@ -526,16 +526,11 @@ class Worker:
                     # The claim started its first stage, which cannot run either.
                     outcome.stage_end = StageEnd(entry.main_stages[0].name, "failed")
             elif entry is None:
-                # A cancel requested while the job waited (queued, or claimed ahead) wins over
-                # the unknown name.
-                outcome = settled_before_start(job) or (
-                    Outcome("cancelled", error="cancelled")
-                    if cancel.is_set()
-                    else Outcome(
-                        "failed",
-                        error=f"no task named {job.task!r} is registered with this worker "
-                        f"(known: {', '.join(sorted(self.registry)) or 'none'})",
-                    )
+                # A cancel requested while the job waited wins over the unknown name.
+                outcome = settled_before_start(job, cancel.is_set()) or Outcome(
+                    "failed",
+                    error=f"no task named {job.task!r} is registered with this worker "
+                    f"(known: {', '.join(sorted(self.registry)) or 'none'})",
                 )
             else:
                 timeout = entry.timeout or self.settings.task_timeout
