@@ -208,6 +208,8 @@ def main() -> None:
             if ours and "pipeline" in only:
                 if "drain1" not in only and "bigtable" not in only:
                     bench.drain(ours, run, 1, variant="warning")
+                if "bare" in libs:
+                    emit(bare.measure(server, args.jobs, 1, 10, run, stages=3))
                 bench.drain(
                     durable.pipeline_adapter(), run, 1, workload="drain_pipeline", variant="warning"
                 )

@@ -177,6 +177,17 @@ def render(records: list[dict[str, Any]], info: dict[str, Any], args: Any) -> st
         )
     if len(own) > 2:
         lines += [*own, ""]
+    floor, bare_drain = m("bare", "drain_pipeline"), m("bare", "drain_1p")
+    if floor:
+        lines += [
+            "The pipeline's floor, same run: the bare loop with 3 stages (the claim starts stage "
+            "1, one committed statement per stage boundary, the completion ends stage 3; no job "
+            f"code) drains {cell(floor)} jobs/s: {ratio(med(floor), med(bare_drain))} the bare "
+            f"claim/complete loop. durable-worker's pipeline is "
+            f"{ratio(med(m('durable', 'drain_pipeline')), med(floor))} that floor; its "
+            f"single-stage drain is {ratio(med(base), med(bare_drain))} the bare loop.",
+            "",
+        ]
 
     bad = [r for r in records if not r.get("verified")]
     total = len(records)
