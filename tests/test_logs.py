@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import signal
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -130,8 +131,10 @@ def test_rescue_and_reconnect_are_logged_as_events(env, database_url, processes)
 def worker_logger(capsys: pytest.CaptureFixture[str]) -> Iterator[logging.Logger]:
     root, base = logging.getLogger("worker"), logging.getLogger()
     saved = (root.handlers[:], root.level, root.propagate, base.handlers[:])
+    gathered = (logging._srcfile, logging.logThreads, logging.logProcesses)
     yield logging.getLogger("worker.jobs")
     root.handlers[:], root.level, root.propagate, base.handlers[:] = saved
+    logging._srcfile, logging.logThreads, logging.logProcesses = gathered
 
 
 def test_text_lines_for_people_and_json_lines_for_machines_never_show_a_password(
@@ -157,6 +160,19 @@ def test_text_lines_for_people_and_json_lines_for_machines_never_show_a_password
 
     logging.getLogger("psycopg.pool").error("a library's error")
     assert json.loads(capsys.readouterr().err)["message"] == "a library's error"
+
+
+def test_each_text_line_shows_the_second_it_was_logged(worker_logger):
+    configure("INFO", "text")
+    (handler,) = logging.getLogger("worker").handlers
+    times = [3600.2, 3600.9, 3601.1, 3600.5]  # the last one: a record formatted late
+    shown = []
+    for created in times:
+        record = logging.LogRecord("worker.jobs", logging.INFO, __file__, 1, "tick", None, None)
+        record.created = created
+        shown.append(handler.format(record).split()[0])
+    assert shown == [time.strftime("%H:%M:%S", time.localtime(t)) for t in times]
+    assert shown[1] != shown[2]
 
 
 def test_event_fields_never_overwrite_the_standard_keys(worker_logger, capsys):
