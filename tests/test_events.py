@@ -266,6 +266,30 @@ def test_an_event_the_database_refuses_is_dropped_alone(database_url):
     assert [r[3] for r in stored(database_url, job_id)] == [{"i": 1}, {"i": 3}]
 
 
+def test_postgres_bus_stores_step_names_and_messages_exactly(database_url):
+    job_id = Client(database_url).enqueue("add", {}).job_id
+    steps = ['say "hi"', "back\\slash", "tab\tnew\nline", "schön, 東京 🚀", "{", ""]
+
+    async def main() -> None:
+        bus = PostgresBus(database_url)
+        await bus.start()
+        for i, step in enumerate(steps):
+            bus.publish(event(job_id, step, note=step, i=i))
+        bus.publish(event(job_id, "none", "started"))
+        await bus.aclose()
+
+    asyncio.run(main())
+    rows = [r[1:] for r in stored(database_url, job_id)]
+    expected = [(step, "progress", {"note": step, "i": i}) for i, step in enumerate(steps)]
+    assert rows == [*expected, ("none", "started", None)]
+    assert query(
+        database_url,
+        "SELECT count(*) FROM worker.job_events WHERE job_id = %s AND created_at > now() - "
+        "interval '1 minute'",
+        (job_id,),
+    ) == [(len(steps) + 1,)]
+
+
 def test_postgres_bus_writes_again_after_its_connections_are_killed(database_url):
     job_id = Client(database_url).enqueue("add", {}).job_id
 

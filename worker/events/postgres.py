@@ -41,7 +41,6 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from worker.db import sql
-from worker.db.records import json_records
 from worker.models import ProgressEvent
 
 log = logging.getLogger("worker.events")
@@ -63,7 +62,7 @@ _REFUSED = (psycopg.IntegrityError, psycopg.DataError)
 _NUL = re.compile(r"(?<!\\)((?:\\\\)*)\\u0000")
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class _Pending:
     seq: int  # publish order in this process: what a flush has written is forgotten by it
     job_id: str
@@ -71,6 +70,19 @@ class _Pending:
     status: str
     message: str | None  # JSON text, fixed at publish time
     created_at: datetime
+
+
+def _record(e: _Pending) -> str:
+    """The event as a JSON object for `sql.PUBLISH_EVENTS`, put together directly: a pipeline
+    job publishes seven events, and this costs a third of encoding a dict per event."""
+    message = "" if e.message is None else f',"message":{e.message}'
+    return (
+        f'{{"job_id":{_text(e.job_id)},"step":{_text(e.step)},"status":{_text(e.status)},'
+        f'"created_at":"{e.created_at.isoformat()}"{message}}}'
+    )
+
+
+_text = json.JSONEncoder(ensure_ascii=False).encode
 
 
 def message_json(message: dict[str, Any] | None) -> str | None:
@@ -237,19 +249,7 @@ class PostgresBus:
 
     @staticmethod
     async def _write(conn: psycopg.AsyncConnection[Any], batch: list[_Pending]) -> None:
-        events = json_records(
-            (
-                {
-                    "job_id": e.job_id,
-                    "step": e.step,
-                    "status": e.status,
-                    "created_at": e.created_at.isoformat(),
-                },
-                {"message": e.message},
-            )
-            for e in batch
-        )
-        await conn.execute(sql.PUBLISH_EVENTS, {"events": events})
+        await conn.execute(sql.PUBLISH_EVENTS, {"events": f"[{','.join(map(_record, batch))}]"})
 
     # -- reading ----------------------------------------------------------------------------
 
