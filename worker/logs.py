@@ -55,6 +55,10 @@ class _TextFormatter(logging.Formatter):
         return self._stamp
 
 
+# One encoder for every line: `json.dumps` with options builds a new one per call.
+_encode_line = json.JSONEncoder(default=str).encode
+
+
 class _JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         entry: dict[str, object] = {
@@ -72,7 +76,7 @@ class _JsonFormatter(logging.Formatter):
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
         # Scrubbed as a whole, so a URL in any field is covered too.
-        return scrub(json.dumps(entry, default=str))
+        return scrub(_encode_line(entry))
 
 
 def configure(level: str = "INFO", fmt: str = "text") -> None:
