@@ -189,17 +189,16 @@ class _Batch:
     def params(self) -> dict[str, Any]:
         """The parameters of `sql.ENQUEUE_MANY`."""
         # The payloads are already JSON text: they go in as they are, not encoded a second time.
-        names: dict[str, str] = {}
+        names = self._names(dumps)
         parts = []
         for job_id, r in zip(self.ids, self.rows, strict=True):
-            task, queue, run_at, retries = r["task"], r["queue"], r["run_at"], r["max_retries"]
-            t = names.get(task) or names.setdefault(task, dumps(task))
-            q = names.get(queue) or names.setdefault(queue, dumps(queue))
+            run_at, retries = r["run_at"], r["max_retries"]
             ra = "null" if run_at is None else f'"{run_at.isoformat()}"'
             mr = "null" if retries is None else str(retries)
             parts.append(
-                f'{{"i":"{job_id}","t":{t},"p":{r["payload"]},"q":{q},"pr":{r["priority"]},'
-                f'"ra":{ra},"d":{r["delay"]!r},"mr":{mr}}}'
+                f'{{"i":"{job_id}","t":{names[r["task"]]},"p":{r["payload"]},'
+                f'"q":{names[r["queue"]]},"pr":{r["priority"]},"ra":{ra},"d":{r["delay"]!r},'
+                f'"mr":{mr}}}'
             )
         return {"jobs": f"[{','.join(parts)}]"}
 
@@ -208,17 +207,22 @@ class _Batch:
         its run_at must come from the server's clock, which COPY cannot read)."""
         if any(r["run_at"] is not None or r["delay"] for r in self.rows):
             return None
-        names: dict[str, str] = {}
+        names = self._names(lambda name: name.translate(_COPY_ESCAPES))
         lines = []
         for job_id, r in zip(self.ids, self.rows, strict=True):
-            task, queue, payload, retries = r["task"], r["queue"], r["payload"], r["max_retries"]
-            t = names.get(task) or names.setdefault(task, task.translate(_COPY_ESCAPES))
-            q = names.get(queue) or names.setdefault(queue, queue.translate(_COPY_ESCAPES))
+            payload, retries = r["payload"], r["max_retries"]
+            t, q = names[r["task"]], names[r["queue"]]
             if "\\" in payload:  # JSON text holds no tab or newline, only escapes of them
                 payload = payload.replace("\\", "\\\\")
             mr = "\\N" if retries is None else str(retries)
             lines.append(f"{job_id}\t{t}\t{payload}\t{q}\t{r['priority']}\t{mr}\n")
         return "".join(lines)
+
+    def _names(self, encode: Callable[[str], str]) -> dict[str, str]:
+        """Every task and queue name of the batch, encoded once (a batch repeats a few)."""
+        return {
+            name: encode(name) for name in {n for r in self.rows for n in (r["task"], r["queue"])}
+        }
 
 
 # What COPY's text format escapes in a value (its delimiter, its row end, and the escape).

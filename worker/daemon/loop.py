@@ -304,10 +304,8 @@ class Worker:
 
     async def _shutdown(self, completer: Completer, duties: list[asyncio.Task[Any]]) -> None:
         grace = self.settings.shutdown_grace
-        with contextlib.suppress(*TRANSIENT, TimeoutError):
-            await asyncio.wait_for(
-                self._hand_back_ahead("the worker stops"), 10
-            )  # or RELEASE below
+        with contextlib.suppress(*TRANSIENT, TimeoutError):  # what is left goes by RELEASE below
+            await asyncio.wait_for(self._hand_back_ahead("the worker stops"), 10)
         if self._tasks:
             _, pending = await asyncio.wait(list(self._tasks.values()), timeout=grace)
             if pending:
