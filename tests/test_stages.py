@@ -127,6 +127,34 @@ def test_cleanup_runs_after_failure_and_the_stage_error_is_kept(env, database_ur
     assert "third" not in rows
 
 
+@pytest.mark.parametrize(
+    ("result", "error"),
+    [
+        ("nan", "pipeline bad_result: its result= returned a value that is not JSON"),
+        ("raise", "pipeline bad_result: its result= raised LookupError: no such output"),
+    ],
+)
+def test_a_result_that_cannot_be_stored_fails_the_job_after_its_stages_are_recorded(
+    env, database_url, processes, result, error
+):
+    processes.worker(env, "testtasks")
+    job = Client(database_url).enqueue("bad_result", {"result": result}, max_retries=0)
+    wait_status(database_url, job.job_id, "failed")
+    assert job_row(database_url, job.job_id)["error"].startswith(error)
+    # The stage itself succeeded: it is recorded completed, and the cleanup ran.
+    rows = stages(database_url, job.job_id)
+    assert rows["only"]["status"] == "completed"
+    assert rows["only"]["output"] == {"result": result}
+    assert effects(database_url, job.job_id) == ["only", "cleanup"]
+    # Followers hear how the stage and the job ended.
+    events = "SELECT step, status FROM worker.job_events WHERE job_id = %s ORDER BY id"
+    wait_for(
+        lambda: query(database_url, events, (job.job_id,))[-1] == ("job", "failed"),
+        message="the job's final event",
+    )
+    assert ("only", "completed") in query(database_url, events, (job.job_id,))
+
+
 # -- cancellation -------------------------------------------------------------------------
 
 

@@ -318,3 +318,25 @@ def raced_ask(ctx: Any) -> None:
 def raced_cleanup(ctx: Any) -> str:
     record(ctx.job_id, "cleanup")
     return "done"
+
+
+# Its `result=` picks a value PostgreSQL cannot store (NaN), or raises, as `result` says.
+def _bad_result(outputs: dict[str, Any]) -> Any:
+    if outputs["only"]["result"] == "raise":
+        raise LookupError("no such output")
+    return float("nan")
+
+
+bad_result = Pipeline("bad_result", result=_bad_result)
+
+
+@bad_result.stage(name="only")
+def bad_result_only(ctx: Any) -> dict[str, str]:
+    record(ctx.job_id, "only")
+    return {"result": str(ctx.payload.get("result", "nan"))}
+
+
+@bad_result.cleanup(name="bad_result_cleanup")
+def bad_result_cleanup(ctx: Any) -> str:
+    record(ctx.job_id, "cleanup")
+    return "done"

@@ -62,6 +62,7 @@ from worker.tasks import (
     ClaimedJob,
     Context,
     JobCancelled,
+    NotStorable,
     Outcome,
     PauseForResolution,
     Snooze,
@@ -146,10 +147,12 @@ def _short_error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
+def _traceback(exc: BaseException) -> str:
+    return "".join(traceback.format_exception(exc, limit=20))
+
+
 def _stage_error(stage: str, exc: BaseException) -> str:
-    return f"stage {stage} failed: {_short_error(exc)}\n" + "".join(
-        traceback.format_exception(exc, limit=20)
-    )
+    return f"stage {stage} failed: {_short_error(exc)}\n" + _traceback(exc)
 
 
 class Pipeline:
@@ -426,8 +429,20 @@ class Pipeline:
                 ctx.step = ""
             done = (stage.name, text)
             ctx.outputs[stage.name] = last_output = output
-        result = self._result(dict(ctx.outputs)) if self._result else last_output
-        return hand_over(Outcome("completed", result=result))
+        if self._result is None:  # the last stage's output, encoded already if it ran now
+            encoded = done[1] if done is not None else dumps(last_output)
+            return hand_over(Outcome("completed", result=last_output, result_json=encoded))
+        # Whatever `result=` does, the last stage is recorded completed and reported.
+        try:
+            result = self._result(dict(ctx.outputs))
+            encoded = dumps(result)
+        except NotStorable as exc:
+            error = f"pipeline {self.name}: its result= returned a value that {exc}"
+            return hand_over(Outcome("failed", error=error))
+        except Exception as exc:
+            error = f"pipeline {self.name}: its result= raised {_short_error(exc)}\n"
+            return hand_over(Outcome("retry", error=error + _traceback(exc)))
+        return hand_over(Outcome("completed", result=result, result_json=encoded))
 
     async def _invoke(self, ctx: Context, stage: Stage, age: float) -> Any:
         """Run one stage within what is left of its deadline."""

@@ -101,6 +101,8 @@ class Outcome:
 
     kind: str  # completed | retry | failed | cancelled | paused | snoozed
     result: JSON = None
+    # `result` as the JSON text stored, when the runner has encoded it already.
+    result_json: str | None = None
     error: str | None = None
     delay: float = 0.0
     # A pipeline stage that ended with the attempt, recorded with the outcome (one commit).

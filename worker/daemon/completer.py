@@ -57,9 +57,8 @@ class Completer:
         self._idle.set()
         self._locked = LockWaits("its outcome is written")
 
-    def add(self, job_id: UUID, retries: int, outcome: Outcome, result_json: str | None) -> None:
+    def add(self, job_id: UUID, retries: int, outcome: Outcome) -> None:
         """Queue the outcome of the attempt that claimed the job with `retries`."""
-        outcome.result = result_json
         self._queue.append((job_id, retries, outcome))
         self._idle.clear()
         self._ready.set()
@@ -149,7 +148,10 @@ class Completer:
                     "stage": o.stage_end.stage if o.stage_end else None,
                     "stage_status": o.stage_end.status if o.stage_end else None,
                 },
-                {"result": o.result, "stage_output": o.stage_end.output if o.stage_end else None},
+                {
+                    "result": o.result_json,
+                    "stage_output": o.stage_end.output if o.stage_end else None,
+                },
             )
             for job_id, retries, o in batch
         )

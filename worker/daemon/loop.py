@@ -509,7 +509,6 @@ class Worker:
         began = time.monotonic()
         _running_job.set(key)
         entry = self.registry.get(job.task)
-        result_json: str | None = None
         try:
             unreadable = next(
                 (v for v in (job.payload, job.answer) if isinstance(v, UnreadableJSON)), None
@@ -539,9 +538,9 @@ class Worker:
                     deadline=time.monotonic() + timeout if timeout else None,
                 )
                 outcome = await self._attempt(entry, ctx)
-                if outcome.kind in ("completed", "paused"):
+                if outcome.kind in ("completed", "paused") and outcome.result_json is None:
                     try:
-                        result_json = dumps(outcome.result)
+                        outcome.result_json = dumps(outcome.result)
                     except NotStorable as exc:
                         outcome = Outcome(
                             "failed",
@@ -566,7 +565,7 @@ class Worker:
                 )
         self._unwritten.add(job.id)
         self._inflight.pop(key, None)
-        self._completer.add(job.id, job.retry_count, outcome, result_json)
+        self._completer.add(job.id, job.retry_count, outcome)
         took = time.monotonic() - began
         average = self._job_seconds
         self._job_seconds = took if average == float("inf") else 0.8 * average + 0.2 * took
