@@ -314,4 +314,5 @@ async def fetch(
 ) -> list[tuple[Any, ...]]:
     async with pool.connection() as conn:
         cur = await conn.execute(query, params)
-        return await cur.fetchall() if cur.description else []
+        # `rownumber` is None without a result set; `description` would build its columns.
+        return await cur.fetchall() if cur.rownumber is not None else []

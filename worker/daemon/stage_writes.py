@@ -74,12 +74,11 @@ class StageWrites:
         """Commit `write` in the next shared statement. Returns the seconds since the started
         stage first started (0 if none starts), or None if this worker no longer holds the
         job (it was rescued after a lost heartbeat): then nothing was written."""
+        # Cancelling the writer (shutdown) cancels its future, which its batch then skips.
         future: asyncio.Future[float | None] = asyncio.get_running_loop().create_future()
-        # A writer cancelled while waiting (shutdown) leaves nobody to read an error.
-        future.add_done_callback(lambda f: f.cancelled() or f.exception())
         self._pending.append((write, future))
         self._start_flusher()
-        return await asyncio.shield(future)
+        return await future
 
     def _start_flusher(self) -> None:
         if len(self._flushers) < MAX_FLUSHES:

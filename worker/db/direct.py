@@ -39,7 +39,8 @@ _inherited: list[Any] = []
 
 
 def _reusable(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
-    return not conn.closed and conn.info.transaction_status == TransactionStatus.IDLE
+    # The libpq status directly: `conn.info` builds an object per call, on every enqueue.
+    return not conn.closed and conn.pgconn.transaction_status == TransactionStatus.IDLE
 
 
 class DirectWrites:
@@ -209,14 +210,14 @@ class AsyncDirectWrites:
 
 def _execute(conn: psycopg.Connection[Any], statement: str, params: dict[str, Any]) -> Rows:
     cur = conn.execute(statement, params)
-    return cur.fetchall() if cur.description else []
+    return cur.fetchall() if cur.rownumber is not None else []
 
 
 async def _execute_async(
     cur: psycopg.AsyncCursor[Any], statement: str, params: dict[str, Any]
 ) -> Rows:
     await cur.execute(statement, params)
-    return await cur.fetchall() if cur.description else []
+    return await cur.fetchall() if cur.rownumber is not None else []
 
 
 def _copy(conn: psycopg.Connection[Any], statement: str, rows: str) -> Rows:
