@@ -308,6 +308,30 @@ def test_task_returning_a_value_that_cannot_be_stored_fails_with_a_clear_error(
     assert proc.poll() is None and "Traceback" not in processes.log(proc)
 
 
+def test_a_value_past_postgresqls_size_limit_fails_its_job_not_the_worker(database_url, processes):
+    """A result (or progress message) over 256 MB is refused by PostgreSQL with an error of the
+    class its outages raise. It must fail that job, or drop that event, once; retried like an
+    outage it would hold up every outcome written with it, for ever."""
+    url = database_url
+    too_long = insert(url, "returns_too_long")
+    reported = insert(url, "reports_too_long")
+    proc = processes.worker(worker_env(url), TASKS)
+    wait_until(lambda: finished(url, too_long) and finished(url, reported), 120, "both jobs")
+    state, _, error = status_of(url, too_long)
+    assert state == "failed", error
+    assert str(error).startswith("the job's outcome could not be stored: Refused: string too long")
+    assert status_of(url, reported)[:2] == ("completed", "reported")
+    events = "SELECT message FROM worker.job_events WHERE job_id = %s ORDER BY id"
+    wait_until(lambda: query(url, events, (reported,)) == [({"pct": 50},)], 30, "the small event")
+    # The worker goes on, and never took the refusals for an outage.
+    after = insert(url, "echo", '{"still": "works"}')
+    wait_until(lambda: finished(url, after), 60, "the job after them")
+    assert status_of(url, after)[:2] == ("completed", 1)
+    log = processes.log(proc)
+    assert "database unreachable" not in log and "Traceback" not in log, log
+    assert f"progress event of job {reported} dropped: string too long" in log, log
+
+
 def test_error_message_with_a_nul_byte_is_stored_readably(database_url, processes):
     url = database_url
     processes.worker(worker_env(url), TASKS)

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from conftest import Processes, query, wait_for
 
-from worker import Client, InvalidTransition, JobNotFound, JobStatus
+from worker import Client, InvalidTransition, JobNotFound, JobStatus, Pipeline
 
 
 def effects(url: str, job_id: str) -> list[str]:
@@ -73,6 +73,21 @@ def wait_status(url: str, job_id: str, status: str, timeout: float = 30.0) -> No
         timeout=timeout,
         message=f"job {job_id} to be {status} (it is {status_of(url, job_id)})",
     )
+
+
+# -- definitions --------------------------------------------------------------------------
+
+
+def test_a_pipeline_refuses_bad_stage_definitions_when_it_is_defined():
+    pipeline = Pipeline("definition_checks")
+    pipeline.stage(name="load")(lambda ctx: None)
+    with pytest.raises(ValueError, match="already has a stage 'load'"):
+        pipeline.stage(name="load")(lambda ctx: None)
+    with pytest.raises(ValueError, match="a stage name must be 1 to 255 characters"):
+        pipeline.stage(name="s" * 256)(lambda ctx: None)
+    with pytest.raises(ValueError, match="a stage deadline must be a positive number"):
+        pipeline.stage(deadline=0)
+    assert [s.name for s in pipeline.stages] == ["load"]
 
 
 # -- outputs and retries ------------------------------------------------------------------

@@ -55,8 +55,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Protocol, TypeVar, overload
-from uuid import UUID
 
+from worker.schema import MAX_TASK_NAME
 from worker.tasks import (
     JSON,
     ClaimedJob,
@@ -107,7 +107,7 @@ class StageRow:
 class StageStore(Protocol):
     """Where stage state lives; the daemon implements it on PostgreSQL."""
 
-    async def load(self, job_id: UUID) -> list[StageRow]: ...
+    async def load(self, job_id: str) -> list[StageRow]: ...
 
     # The writes take the claimed job: they apply only while its attempt still holds it.
 
@@ -235,6 +235,9 @@ class Pipeline:
 
         def add(f: Callable[..., Any]) -> Callable[..., Any]:
             stage_name = name or f.__name__
+            if not isinstance(stage_name, str) or not 1 <= len(stage_name) <= MAX_TASK_NAME:
+                # Stage names are keys of an index, which refuses long ones on every write.
+                raise ValueError(f"a stage name must be 1 to {MAX_TASK_NAME} characters")
             if any(s.name == stage_name for s in self.stages):
                 raise ValueError(f"pipeline {self.name!r} already has a stage {stage_name!r}")
             self.stages.append(

@@ -8,7 +8,6 @@ returning a JSON value, stored as the job's result. A function with a second par
 from __future__ import annotations
 
 import asyncio
-import functools
 import inspect
 import json
 import re
@@ -18,7 +17,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, overload
-from uuid import UUID
 
 from worker.models import ProgressEvent
 
@@ -76,7 +74,7 @@ class PauseForResolution(Exception):
 class ClaimedJob:
     """A job as the claim returned it."""
 
-    id: UUID
+    id: str
     task: str
     payload: dict[str, JSON]
     queue: str
@@ -145,9 +143,9 @@ class Context:
     step: str = ""
     deadline: float | None = None  # time.monotonic() by which the job must finish
 
-    @functools.cached_property
+    @property
     def job_id(self) -> str:
-        return str(self.job.id)
+        return self.job.id
 
     @property
     def payload(self) -> dict[str, JSON]:

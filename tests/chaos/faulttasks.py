@@ -154,3 +154,20 @@ def raises_nul(payload: dict[str, Any]) -> None:
 @task
 def echo(payload: dict[str, Any]) -> int:
     return len(payload)
+
+
+# One byte more than a jsonb string holds. PostgreSQL refuses it with an error of the class an
+# outage's errors have (OperationalError).
+JSONB_STRING_TOO_LONG = 2**28
+
+
+@task
+def returns_too_long(payload: dict[str, Any]) -> str:
+    return "x" * JSONB_STRING_TOO_LONG
+
+
+@task
+def reports_too_long(payload: dict[str, Any], ctx: Context) -> str:
+    ctx.progress(text="x" * JSONB_STRING_TOO_LONG)
+    ctx.progress(50)
+    return "reported"

@@ -32,7 +32,7 @@ log = logging.getLogger("worker.jobs")
 
 MAX_BATCH = 500  # keeps one statement's locks short and its parameters small
 
-Item = tuple[UUID, int, Outcome]  # a job, its retry_count as claimed, how the attempt ended
+Item = tuple[str, int, Outcome]  # a job, its retry_count as claimed, how the attempt ended
 
 
 class Completer:
@@ -57,7 +57,7 @@ class Completer:
         self._idle.set()
         self._locked = LockWaits("its outcome is written")
 
-    def add(self, job_id: UUID, retries: int, outcome: Outcome) -> None:
+    def add(self, job_id: str, retries: int, outcome: Outcome) -> None:
         """Queue the outcome of the attempt that claimed the job with `retries`."""
         self._queue.append((job_id, retries, outcome))
         self._idle.clear()
@@ -122,6 +122,7 @@ class Completer:
                 rows += await write((job_id, retries, outcome))
             except (psycopg.DataError, UnicodeError) as exc:
                 reason = (str(exc).strip().splitlines() or [""])[0]
+                outcome.events = []  # they report the outcome that was not written
                 end = outcome.stage_end and StageEnd(outcome.stage_end.stage, "failed")
                 refused = Outcome(
                     "failed",
@@ -140,7 +141,7 @@ class Completer:
         outcomes = json_records(
             (
                 {
-                    "id": str(job_id),
+                    "id": job_id,
                     "retries": retries,
                     "outcome": o.kind,
                     "error": o.error,

@@ -103,7 +103,7 @@ class PgStageStore:
         self._patience = patience
         self._writes = StageWrites(pool, worker_id)  # concurrent jobs' writes share one commit
 
-    async def load(self, job_id: UUID) -> list[StageRow]:
+    async def load(self, job_id: str) -> list[StageRow]:
         rows = await self._patience.run(
             "reading stages", lambda: fetch(self._pool, sql.GET_STAGES, {"id": job_id})
         )
@@ -196,7 +196,7 @@ class Worker:
         self.processed = 0
         # Outcomes handed to the completer but not written yet: the database still shows these
         # jobs as ours, and `_release_lost_claims` must not hand them back.
-        self._unwritten: set[UUID] = set()
+        self._unwritten: set[str] = set()
         self._claim_uncertain = False
         # Observers (`worker.metrics`): called on the event loop with each claim's round trip
         # and job count, and with each batch of recorded outcomes. They must be cheap.
@@ -409,7 +409,7 @@ class Worker:
             claimed_at = time.monotonic()
             for row in rows:
                 job = ClaimedJob(*row)
-                self._inflight[str(job.id)] = threading.Event()  # its cancel flag
+                self._inflight[job.id] = threading.Event()  # its cancel flag
                 self._ahead.append((job, claimed_at))
             self._start_ahead()
             if len(rows) == free:
@@ -444,7 +444,7 @@ class Worker:
         held = {row[0] for row in rows}
         self._unwritten &= held  # the rest were written, or are no longer ours
         running = set(self._inflight) | self._stuck
-        lost = [job_id for job_id in held - self._unwritten if str(job_id) not in running]
+        lost = [job_id for job_id in held - self._unwritten if job_id not in running]
         if lost:
             await fetch(self.pool, sql.RELEASE, {"worker_id": self.id, "ids": lost})
             log.warning(
@@ -469,7 +469,7 @@ class Worker:
             self._ahead.extendleft((job, time.monotonic()) for job in reversed(jobs))
             return
         for job in jobs:
-            self._inflight.pop(str(job.id), None)
+            self._inflight.pop(job.id, None)
         log.info(
             "%d jobs claimed ahead went back to the queue: %s",
             len(jobs),
@@ -487,7 +487,7 @@ class Worker:
             self._start(self._ahead.popleft()[0])
 
     def _start(self, job: ClaimedJob) -> None:
-        key = str(job.id)
+        key = job.id
         cancel = self._inflight[key]  # set if a cancel request came while the job waited
         if job.cancel_requested:
             cancel.set()
@@ -505,7 +505,7 @@ class Worker:
             )
 
     async def _execute(self, job: ClaimedJob, cancel: threading.Event) -> None:
-        key = str(job.id)
+        key = job.id
         began = time.monotonic()
         _running_job.set(key)
         entry = self.registry.get(job.task)

@@ -43,7 +43,7 @@ class StageWrite:
     stage `started` (of `kind`, in `attempt`), or both at once; for the job as claimed with
     `retries` (the write applies only while that attempt holds it)."""
 
-    job_id: UUID
+    job_id: str
     retries: int
     ended: str | None = None
     status: str = "completed"
@@ -137,7 +137,7 @@ class StageWrites:
             (
                 {
                     "n": n,
-                    "job": str(w.job_id),
+                    "job": w.job_id,
                     "retries": w.retries,
                     "ended": w.ended,
                     "status": w.status,

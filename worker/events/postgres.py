@@ -56,8 +56,9 @@ FLUSH_CHUNK = 2000
 FOLLOW_RECHECK_SECONDS = 1.0
 # Transient: the database is away or the network dropped; the batch is kept and retried.
 _TRANSIENT = (psycopg.OperationalError, psycopg.InterfaceError, PoolTimeout, OSError)
-# The database refused some row (a job deleted meanwhile, a value it cannot store).
-_REFUSED = (psycopg.IntegrityError, psycopg.DataError)
+# The database refused some row (a job deleted meanwhile, a value it cannot store, a message
+# past jsonb's size limit: an OperationalError by its class, but no outage).
+_REFUSED = (psycopg.IntegrityError, psycopg.DataError, psycopg.errors.ProgramLimitExceeded)
 # `\u0000` escapes not preceded by an escaped backslash: jsonb cannot store NUL.
 _NUL = re.compile(r"(?<!\\)((?:\\\\)*)\\u0000")
 
