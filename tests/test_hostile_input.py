@@ -323,6 +323,18 @@ def test_a_value_past_postgresqls_size_limit_fails_its_job_not_the_worker(databa
     assert status_of(url, reported)[:2] == ("completed", "reported")
     events = "SELECT message FROM worker.job_events WHERE job_id = %s ORDER BY id"
     wait_until(lambda: query(url, events, (reported,)) == [({"pct": 50},)], 30, "the small event")
+    # A stage output that long fails its job too, with the stage marked failed saying why
+    # (not left running, for the next attempt to take for a lost worker). One at a time: each
+    # of these values costs the worker about 1 GB.
+    stage_too_long = insert(url, "too_long_stage")
+    wait_until(lambda: finished(url, stage_too_long), 120, "the pipeline")
+    state, _, error = status_of(url, stage_too_long)
+    assert state == "failed", error
+    refused = "stage too_long returned a value that PostgreSQL refused to store (string too long"
+    assert str(error).startswith(refused), error
+    stages = "SELECT stage, status, error FROM worker.job_stages WHERE job_id = %s"
+    [(stage, stage_status, stage_error)] = query(url, stages, (stage_too_long,))
+    assert (stage, stage_status) == ("too_long", "failed") and stage_error == error
     # The worker goes on, and never took the refusals for an outage.
     after = insert(url, "echo", '{"still": "works"}')
     wait_until(lambda: finished(url, after), 60, "the job after them")

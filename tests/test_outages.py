@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 from collections.abc import Iterator
 
 import psycopg
@@ -18,7 +19,9 @@ import pytest
 from chaos.harness import OwnServer, reachable_again_seconds, wait_until, worker_env
 from conftest import Processes, query
 
-from worker.daemon.db import POOL_CAP, Patience, pool_size
+from worker.daemon.db import POOL_CAP, Patience, make_pool, pool_size
+from worker.events import PostgresBus
+from worker.models import ProgressEvent
 
 TASKS = "chaos.faulttasks"
 EFFECTS = (
@@ -142,6 +145,35 @@ def test_statements_in_flight_across_an_outage_do_not_report_a_second_one(caplog
         "database unreachable",
     ], lines
     assert len(refreshes) == 1, "the pool's idle sessions are checked once the database is back"
+
+
+def test_every_worker_connection_bounds_how_long_a_silently_cut_network_holds_it(database_url):
+    """A cut with no RST (a failed-over virtual IP) must end a statement in about a minute, not
+    after TCP's quarter of an hour of retransmissions; an option in the URL wins."""
+
+    async def parameters(url: str) -> list[dict[str, str]]:
+        pool = make_pool(url, 10)
+        await pool.open()
+        bus = PostgresBus(url)
+        bus.publish(ProgressEvent(job_id=str(uuid.uuid4()), step="s", status="progress"))
+        try:
+            async with pool.connection() as conn:
+                seen = [conn.info.get_parameters()]
+            await bus.flush()  # connects (the event itself is refused: no such job)
+            assert bus._conn is not None
+            return [*seen, bus._conn.info.get_parameters()]
+        finally:
+            await bus.aclose()
+            await pool.close()
+
+    daemon, events = asyncio.run(parameters(database_url))
+    for params in (daemon, events):
+        assert params["tcp_user_timeout"] == "60000"
+        assert params["keepalives_idle"] == "30"
+    assert events["fallback_application_name"] == "durable-worker-events"
+    own = "&" if "?" in database_url else "?"
+    (daemon, _) = asyncio.run(parameters(f"{database_url}{own}tcp_user_timeout=5000"))
+    assert daemon["tcp_user_timeout"] == "5000"
 
 
 def test_worker_started_while_the_database_is_down_waits_then_runs(server, processes):

@@ -127,7 +127,7 @@ class StageStore(Protocol):
         self, job: ClaimedJob, done: str, output: JSON, stage: str, kind: str, attempt: int
     ) -> float:
         """Record `done` completed with `output` and `stage` running, in one committed write;
-        return as `started` does."""
+        return as `started` does. `NotStorable` if the database refuses `output`."""
 
 
 class StageDeadlineExceeded(Exception):
@@ -388,7 +388,15 @@ class Pipeline:
             if ctx.cancelled:  # the stage boundary: a cancel request stops the job here
                 return hand_over(Outcome("cancelled", error=f"cancelled before stage {stage.name}"))
             if done is not None:
-                age = await store.advance(job, done[0], done[1], stage.name, "stage", job.attempt)
+                try:
+                    age = await store.advance(
+                        job, done[0], done[1], stage.name, "stage", job.attempt
+                    )
+                except NotStorable as exc:  # past one of PostgreSQL's limits: no retry helps
+                    error = f"stage {done[0]} returned a value that {exc}"
+                    await store.finished(job, done[0], "failed", error=error)
+                    ctx.emit(done[0], "failed", {"error": error})
+                    return Outcome("failed", error=error)
                 ctx.emit(done[0], "completed")
                 done = None
             elif claim_started_it:

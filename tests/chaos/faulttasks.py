@@ -171,3 +171,16 @@ def reports_too_long(payload: dict[str, Any], ctx: Context) -> str:
     ctx.progress(text="x" * JSONB_STRING_TOO_LONG)
     ctx.progress(50)
     return "reported"
+
+
+too_long_stage = Pipeline("too_long_stage")
+
+
+@too_long_stage.stage
+def too_long(ctx: Context) -> str:
+    return "x" * JSONB_STRING_TOO_LONG
+
+
+@too_long_stage.stage
+def after_too_long(ctx: Context) -> None:
+    raise AssertionError("runs only after a stored output")

@@ -24,12 +24,12 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, TypeVar
 
 import psycopg
-from psycopg.conninfo import conninfo_to_dict
 from psycopg.pq import Format
 from psycopg.types.json import set_json_loads
 from psycopg.types.string import TextLoader
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
+from worker.db.engine import connect_options
 from worker.logs import fields, scrub
 
 log = logging.getLogger("worker.daemon")
@@ -50,17 +50,6 @@ POOL_CAP = 16  # connections per worker process, whatever its concurrency
 POOL_WAIT = 5.0  # seconds a statement waits for a pooled connection before it is retried
 RECONNECT_WINDOW = 3.0  # seconds the pool keeps retrying one reconnection before giving up
 
-# libpq options used unless the URL sets its own: a dead host fails a connection attempt in
-# 10 s instead of the system's minutes, and keepalives notice a silently cut connection
-# (no RST, e.g. a failed-over virtual IP) in about a minute.
-CONNECT_DEFAULTS = {
-    "connect_timeout": "10",
-    "keepalives": "1",
-    "keepalives_idle": "30",
-    "keepalives_interval": "10",
-    "keepalives_count": "3",
-}
-
 
 def pool_size(concurrency: int) -> int:
     """Connections the daemon's pool may open for a given `WORKER_CONCURRENCY`.
@@ -73,14 +62,6 @@ def pool_size(concurrency: int) -> int:
     (4, 8, 16)
     """
     return min(3 + max(1, concurrency // 2), POOL_CAP)
-
-
-def connect_options(url: str, application_name: str) -> dict[str, Any]:
-    """Keyword arguments for `psycopg.connect` on top of `url` (whose own options win)."""
-    given = conninfo_to_dict(url)
-    options: dict[str, Any] = {k: v for k, v in CONNECT_DEFAULTS.items() if k not in given}
-    options["fallback_application_name"] = application_name
-    return options
 
 
 class UnreadableJSON:

@@ -37,14 +37,15 @@ from worker.daemon.completer import Completer
 from worker.daemon.db import (
     TRANSIENT,
     Patience,
+    Refused,
     UnreadableJSON,
-    connect_options,
     fetch,
     make_pool,
 )
 from worker.daemon.duties import Heartbeat, Rescuer, Retention
 from worker.daemon.stage_writes import StageWrite, StageWrites
 from worker.db import sql
+from worker.db.engine import connect_options
 from worker.events import PostgresBus, ProgressBus
 from worker.logs import fields
 from worker.settings import Settings
@@ -110,7 +111,10 @@ class PgStageStore:
         return [StageRow(r[0], r[1], r[2], r[3], r[4], r[5]) for r in rows]
 
     async def _run(self, doing: str, write: StageWrite) -> float:
-        age = await self._patience.run(doing, lambda: self._writes.run(write))
+        try:
+            age = await self._patience.run(doing, lambda: self._writes.run(write))
+        except Refused as exc:
+            raise NotStorable(f"PostgreSQL refused to store ({exc})") from exc
         if age is None:
             raise JobLost(
                 f"this worker no longer holds job {write.job_id} (it was rescued after a lost "
@@ -153,6 +157,14 @@ class PgStageStore:
 
 class JobLost(Exception):
     """The job was taken from this worker (rescued) while it ran; its attempt stops."""
+
+
+async def _wait_until_set(event: asyncio.Event, timeout: float | None) -> None:
+    """Wait for `event` at most `timeout` seconds. Unlike `asyncio.wait_for`, this makes no task
+    to run the wait: a wake-up reaches the waiter one loop iteration after `set()`, not three."""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(timeout):
+            await event.wait()
 
 
 class Worker:
@@ -367,9 +379,7 @@ class Worker:
             # one per slot freed.
             if free <= 0 or self._ahead:
                 self._slot_freed.clear()
-                with contextlib.suppress(TimeoutError):
-                    hold = PREFETCH_HOLD if self._ahead else None
-                    await asyncio.wait_for(self._slot_freed.wait(), hold)
+                await _wait_until_set(self._slot_freed, PREFETCH_HOLD if self._ahead else None)
                 if self._ahead and time.monotonic() - self._ahead[0][1] >= PREFETCH_HOLD:
                     await self._hand_back_ahead(f"no slot freed within {PREFETCH_HOLD} s")
                     # Jobs now last long enough that claiming ahead would only keep them from
@@ -399,8 +409,7 @@ class Worker:
                 self._claim_uncertain = True
                 self._patience.failed("claiming jobs", exc, sent)
                 # The listener sets `_notified` when it is back: retry at once then.
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._notified.wait(), delay)
+                await _wait_until_set(self._notified, delay)
                 delay = next_poll_delay(delay, False, s.poll_min, s.poll_max)
                 continue
             await self._patience.succeeded(sent)
@@ -418,8 +427,7 @@ class Worker:
             if rows:
                 delay = s.poll_min
             log.debug("idle: next poll in %.3f s", delay)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._notified.wait(), delay)
+            await _wait_until_set(self._notified, delay)
             delay = next_poll_delay(
                 delay, bool(rows) or self._notified.is_set(), s.poll_min, s.poll_max
             )
@@ -652,8 +660,11 @@ class Worker:
                     self._notified.set()  # anything inserted while we were not listening
                     async for note in conn.notifies():
                         if note.channel == "worker_jobs":
-                            if note.payload in self.queues:
+                            if note.payload in self.queues and not self._notified.is_set():
                                 self._notified.set()
+                                # Let the claim go out before this task waits on its socket
+                                # again, which takes longer than the claim needs to start.
+                                await asyncio.sleep(0)
                         else:
                             self._cancel_requested(note.payload)
             except TRANSIENT as exc:

@@ -5,12 +5,36 @@ from __future__ import annotations
 import re
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
+from psycopg.conninfo import conninfo_to_dict
 from sqlalchemy import Engine, create_engine
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from worker.db.embedded import LocalPostgres
 from worker.settings import Settings, get_settings
+
+# libpq options used unless the URL sets its own: a dead host fails a connection attempt in
+# 10 s instead of the system's minutes. A silently cut connection (no RST: a failed-over virtual
+# IP, a dropped route) is noticed in about a minute: by the keepalives when it is idle, and by
+# `tcp_user_timeout` when it has data unacknowledged (a statement sent as the cut came), which
+# TCP would otherwise retransmit for a quarter of an hour.
+CONNECT_DEFAULTS = {
+    "connect_timeout": "10",
+    "keepalives": "1",
+    "keepalives_idle": "30",
+    "keepalives_interval": "10",
+    "keepalives_count": "3",
+    "tcp_user_timeout": "60000",
+}
+
+
+def connect_options(url: str, application_name: str) -> dict[str, Any]:
+    """Keyword arguments for `psycopg.connect` on top of `url` (whose own options win)."""
+    given = conninfo_to_dict(url)
+    options: dict[str, Any] = {k: v for k, v in CONNECT_DEFAULTS.items() if k not in given}
+    options["fallback_application_name"] = application_name
+    return options
 
 
 def embedded_server(settings: Settings) -> LocalPostgres:

@@ -41,11 +41,13 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from worker.db import sql
+from worker.db.engine import connect_options
 from worker.models import ProgressEvent
 
 log = logging.getLogger("worker.events")
 
 CHANNEL = "worker_events"
+APPLICATION_NAME = "durable-worker-events"
 READ_LIMIT = 1000
 # Events per INSERT. Building one statement's parameters runs on the worker's event loop:
 # 30,000 events took 1.6 s there, long enough to delay heartbeats past a short lease after
@@ -221,7 +223,7 @@ class PostgresBus:
             return
         if self._conn is None or self._conn.closed:
             self._conn = await psycopg.AsyncConnection.connect(
-                self.url, autocommit=True, connect_timeout=10
+                self.url, autocommit=True, **connect_options(self.url, APPLICATION_NAME)
             )
         try:
             await self._write(self._conn, batch)
@@ -260,7 +262,7 @@ class PostgresBus:
                 self.url,
                 min_size=1,
                 max_size=self._pool_size,
-                kwargs={"autocommit": True, "connect_timeout": 10},
+                kwargs={"autocommit": True, **connect_options(self.url, APPLICATION_NAME)},
                 open=False,
                 timeout=10.0,
                 reconnect_timeout=float("inf"),
@@ -323,7 +325,7 @@ class PostgresBus:
         while True:
             try:
                 async with await psycopg.AsyncConnection.connect(
-                    self.url, autocommit=True, connect_timeout=10
+                    self.url, autocommit=True, **connect_options(self.url, APPLICATION_NAME)
                 ) as conn:
                     await conn.execute(f"LISTEN {CHANNEL}")
                     # Anything written while nobody listened: every follower reads again.
