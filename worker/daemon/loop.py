@@ -551,9 +551,7 @@ class Worker:
                         outcome.result_json = dumps(outcome.result)
                     except NotStorable as exc:
                         outcome = Outcome(
-                            "failed",
-                            error=f"task {job.task} returned a value that {exc}",
-                            stage_end=outcome.stage_end,
+                            "failed", error=f"task {job.task} returned a value that {exc}"
                         )
             if outcome.error is not None:
                 outcome.error = storable_text(outcome.error)
