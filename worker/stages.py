@@ -56,6 +56,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Protocol, TypeVar, overload
 
+from worker.models import EventStatus
 from worker.schema import MAX_TASK_NAME
 from worker.tasks import (
     JSON,
@@ -525,7 +526,8 @@ class Pipeline:
         return errors
 
     def _finish(self, ctx: Context, outcome: Outcome) -> Outcome:
-        final_status = {"completed": "completed", "cancelled": "cancelled"}.get(outcome.kind)
+        ends: dict[str, EventStatus] = {"completed": "completed", "cancelled": "cancelled"}
+        final_status = ends.get(outcome.kind)
         if outcome.kind == "failed" or (
             outcome.kind == "retry" and ctx.job.retry_count >= ctx.job.max_retries
         ):
