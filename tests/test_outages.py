@@ -147,7 +147,7 @@ def test_statements_in_flight_across_an_outage_do_not_report_a_second_one(caplog
     assert len(refreshes) == 1, "the pool's idle sessions are checked once the database is back"
 
 
-def test_every_worker_connection_bounds_how_long_a_silently_cut_network_holds_it(database_url):
+def test_pool_and_bus_connections_bound_how_long_a_silently_cut_network_holds_them(database_url):
     """A cut with no RST (a failed-over virtual IP) must end a statement in about a minute, not
     after TCP's quarter of an hour of retransmissions; an option in the URL wins."""
 
