@@ -495,27 +495,29 @@ class Worker:
             self._start(self._ahead.popleft()[0])
 
     def _start(self, job: ClaimedJob) -> None:
-        key = job.id
-        cancel = self._inflight[key]  # set if a cancel request came while the job waited
+        cancel = self._inflight[job.id]  # set if a cancel request came while the job waited
         if job.cancel_requested:
             cancel.set()
-        self._tasks[key] = asyncio.create_task(self._execute(job, cancel), name=f"job-{key}")
+        self._tasks[job.id] = asyncio.create_task(self._execute(job, cancel), name=f"job-{job.id}")
         if job_log.isEnabledFor(logging.INFO):
             job_log.info(
                 "job %s (%s) started, attempt %d (queue %s)",
-                key,
+                job.id,
                 job.task,
                 job.attempt,
                 job.queue,
                 extra=fields(
-                    "job.started", job_id=key, task=job.task, queue=job.queue, attempt=job.attempt
+                    "job.started",
+                    job_id=job.id,
+                    task=job.task,
+                    queue=job.queue,
+                    attempt=job.attempt,
                 ),
             )
 
     async def _execute(self, job: ClaimedJob, cancel: threading.Event) -> None:
-        key = job.id
         began = time.monotonic()
-        _running_job.set(key)
+        _running_job.set(job.id)
         entry = self.registry.get(job.task)
         try:
             unreadable = next(
@@ -558,19 +560,19 @@ class Worker:
         except asyncio.CancelledError:
             return  # shutting down: the job is handed back by _shutdown
         finally:
-            self._tasks.pop(key, None)
+            self._tasks.pop(job.id, None)
         with self._threads_lock:
-            if key in self._threads:
-                self._stuck.add(key)
+            if job.id in self._threads:
+                self._stuck.add(job.id)
                 log.warning(
                     "job %s (%s) ended but its thread ignores the cancel and still "
                     "runs; it keeps its slot until it returns",
-                    key,
+                    job.id,
                     job.task,
-                    extra=fields("job.thread_stuck", job_id=key, task=job.task),
+                    extra=fields("job.thread_stuck", job_id=job.id, task=job.task),
                 )
         self._unwritten.add(job.id)
-        self._inflight.pop(key, None)
+        self._inflight.pop(job.id, None)
         self._completer.add(job.id, job.retry_count, outcome)
         took = time.monotonic() - began
         average = self._job_seconds
