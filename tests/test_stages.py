@@ -6,6 +6,7 @@ really runs, so these tests count runs across attempts, processes and kills.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -107,6 +108,35 @@ def test_stage_outputs_are_persisted_and_passed_on(env, database_url, processes:
     }
     assert job.refresh().outputs["second"] == {"n": 2}
     assert effects(database_url, job.job_id) == ["first", "second", "third", "cleanup"]
+
+
+def test_a_stage_write_made_as_the_last_flush_ends_is_written(database_url, monkeypatch):
+    """The stage writer that answers a job's write is still finishing when the job (its next
+    stage never awaits) makes the next one. With one writer allowed at a time, that write must
+    start a writer of its own, not wait for a later write that would never come."""
+    import testtasks  # noqa: F401 - registers the pipelines with this process
+
+    from worker.daemon import Worker, stage_writes
+    from worker.settings import Settings
+
+    monkeypatch.setattr(stage_writes, "MAX_FLUSHES", 1)
+    job = Client(database_url).enqueue("hasty", {})
+
+    async def main() -> Any:
+        worker = Worker(database_url, Settings(DATABASE_URL=database_url, WORKER_CONCURRENCY=1))
+        running = asyncio.create_task(worker.run())
+        try:
+            return await job.wait(timeout=30)
+        finally:
+            worker.request_stop()
+            await running
+
+    assert asyncio.run(main()) == 3
+    assert {name: r["status"] for name, r in stages(database_url, job.job_id).items()} == {
+        "one": "completed",
+        "two": "completed",
+        "three": "completed",
+    }
 
 
 def test_retried_job_does_not_rerun_completed_stages(env, database_url, processes):

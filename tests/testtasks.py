@@ -106,6 +106,26 @@ def tidy(ctx: Any) -> str:
     return "tidied"
 
 
+# Async stages that return without awaiting: the job reaches its next stage write in the same
+# turn of the event loop in which its previous one was answered.
+hasty = Pipeline("hasty")
+
+
+@hasty.stage
+async def one(ctx: Any) -> int:
+    return 1
+
+
+@hasty.stage
+async def two(ctx: Any) -> int:
+    return int(ctx.outputs["one"]) + 1
+
+
+@hasty.stage
+async def three(ctx: Any) -> int:
+    return int(ctx.outputs["two"]) + 1
+
+
 # A pipeline shaped like the async job watcher, reporting its progress as it polls: `ticks`
 # polls of `tick` seconds each, every one a progress event with the percent and rows so far.
 watched = Pipeline("watched_export")

@@ -84,34 +84,38 @@ class StageWrites:
         if len(self._flushers) < MAX_FLUSHES:
             flusher = asyncio.create_task(self._flush(), name="stage-writes")
             self._flushers.add(flusher)
-            flusher.add_done_callback(self._flushers.discard)
 
     async def _flush(self) -> None:
-        while self._pending:
-            batch, self._pending = self._pending, []
-            try:
-                ages = await self._write([w for w, _ in batch])
-            except TRANSIENT as exc:
-                for _, future in batch:  # each writer retries under its own patience
-                    _settle(future, exc=exc)
-                continue
-            except psycopg.Error as exc:
-                if len(batch) == 1:
-                    _settle(batch[0][1], exc=exc)
+        try:
+            while self._pending:
+                batch, self._pending = self._pending, []
+                try:
+                    ages = await self._write([w for w, _ in batch])
+                except TRANSIENT as exc:
+                    for _, future in batch:  # each writer retries under its own patience
+                        _settle(future, exc=exc)
                     continue
-                # One write was refused: the others must not fail with it. Alone, each one
-                # succeeds or fails on its own account.
-                for write, future in batch:
-                    try:
-                        self._answer([(write, future)], await self._write([write]))
-                    except (*TRANSIENT, psycopg.Error) as one:
-                        _settle(future, exc=one)
-                continue
-            except BaseException as exc:
-                for _, future in batch:
-                    _settle(future, exc=exc)
-                raise
-            self._answer(batch, ages)
+                except psycopg.Error as exc:
+                    if len(batch) == 1:
+                        _settle(batch[0][1], exc=exc)
+                        continue
+                    # One write was refused: the others must not fail with it. Alone, each one
+                    # succeeds or fails on its own account.
+                    for write, future in batch:
+                        try:
+                            self._answer([(write, future)], await self._write([write]))
+                        except (*TRANSIENT, psycopg.Error) as one:
+                            _settle(future, exc=one)
+                    continue
+                except BaseException as exc:
+                    for _, future in batch:
+                        _settle(future, exc=exc)
+                    raise
+                self._answer(batch, ages)
+        finally:
+            # At once: in a done callback, this flusher would still count for a write made
+            # before the callback ran, which would then wait for some later write's flusher.
+            self._flushers.discard(asyncio.current_task())
 
     def _answer(self, batch: list[_Pending], ages: list[float | _Locked | None]) -> None:
         """Settle each write, or set it aside for another try if its job's row was locked."""
