@@ -314,6 +314,93 @@ def rss_mb(pid: int) -> float | None:
     return None
 
 
+# -- where the CPU goes ----------------------------------------------------------------------
+
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _proc_stat(pid: int | str) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command name (so index 0 is field 3, the state)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()
+    except OSError:
+        return None
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time a live process has used so far (0 if it is gone)."""
+    stat = _proc_stat(pid)
+    return (int(stat[11]) + int(stat[12])) / _TICKS if stat else 0.0
+
+
+def postmaster_of(admin_dsn: str) -> int | None:
+    """The PID of the server's postmaster when it runs on this machine, else None."""
+    with psycopg.connect(admin_dsn, autocommit=True) as c:
+        row = c.execute("SELECT pg_backend_pid()").fetchone()
+    stat = _proc_stat(row[0]) if row else None
+    if stat is None:  # a server elsewhere: its backend's PID means nothing here
+        return None
+    parent = int(stat[1])
+    try:
+        with open(f"/proc/{parent}/comm") as f:
+            return parent if f.read().strip() in ("postgres", "postmaster") else None
+    except OSError:
+        return None
+
+
+def server_cpu_seconds(postmaster: int) -> float:
+    """CPU time of the whole server so far: the postmaster, its live processes, and those
+    that have exited (the postmaster reaped them, so their time is in its children's fields)."""
+    stat = _proc_stat(postmaster)
+    if stat is None:
+        return 0.0
+    total = sum(int(stat[i]) for i in (11, 12, 13, 14))
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            child = _proc_stat(name)
+            if child is not None and child[1] == str(postmaster):
+                total += int(child[11]) + int(child[12])
+    return total / _TICKS
+
+
+def machine_ticks() -> tuple[int, int, int]:
+    """Busy, steal and total ticks of all CPUs since boot (/proc/stat)."""
+    with open("/proc/stat") as f:
+        user, nice, system, idle, iowait, irq, softirq, steal = map(int, f.readline().split()[1:9])
+    busy = user + nice + system + irq + softirq
+    return busy, steal, busy + steal + idle + iowait
+
+
+class CpuMeter:
+    """CPU used by the worker processes and by the server between `start()` and `stop()`."""
+
+    def __init__(self, worker_pids: list[int], postmaster: int | None) -> None:
+        self._workers = worker_pids
+        self._postmaster = postmaster
+
+    def _read(self) -> tuple[float, float | None, tuple[int, int, int]]:
+        workers = sum(cpu_seconds(pid) for pid in self._workers)
+        server = server_cpu_seconds(self._postmaster) if self._postmaster else None
+        return workers, server, machine_ticks()
+
+    def start(self) -> None:
+        self._start = self._read()
+
+    def stop(self, jobs: int) -> dict[str, Any]:
+        workers, server, ticks = self._read()
+        workers0, server0, ticks0 = self._start
+        busy, steal, total = (b - a for a, b in zip(ticks0, ticks, strict=True))
+        out = {
+            "worker_cpu_ms_per_job": round(1000 * (workers - workers0) / jobs, 4),
+            "machine_busy_pct": round(100 * busy / total, 1) if total else None,
+            "steal_pct": round(100 * steal / total, 1) if total else None,
+        }
+        if server is not None and server0 is not None:
+            out["server_cpu_ms_per_job"] = round(1000 * (server - server0) / jobs, 4)
+        return out
+
+
 # -- measurements ----------------------------------------------------------------------------
 
 
@@ -324,6 +411,7 @@ class Bench:
         self.server = server
         self.n = n
         self.emit = emit
+        self.postmaster = postmaster_of(server.admin)
 
     def db(self, adapter: Adapter) -> str:
         return f"bench_{adapter.lib.replace('-', '_')}"
@@ -419,6 +507,8 @@ class Bench:
             w.spawn_and_wait_ready()
             pid = w.procs[0].pid
             samples: list[tuple[int, float]] = []
+            cpu = CpuMeter([p.pid for p in w.procs if p.pid], self.postmaster)
+            cpu.start()
             t0 = w.go()
             deadline = t0 + DRAIN_TIMEOUT_S
             next_sample = t0
@@ -451,6 +541,7 @@ class Bench:
                         break
                     time.sleep(0.005)
             t_done = time.perf_counter()
+            rec.update(cpu.stop(n))
             if sample_rss and pid:
                 mb = rss_mb(pid)
                 if mb is not None:

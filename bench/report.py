@@ -144,7 +144,8 @@ def render(records: list[dict[str, Any]], info: dict[str, Any], args: Any) -> st
     def own_row(title: str, vals: list[float], k: float) -> None:
         if not vals:
             return
-        r = (med(vals) or 0) / med(base) if base else None
+        b = med(base)
+        r = (med(vals) or 0) / b if b else None
         met = "-" if r is None else ("yes" if r >= k else "**no**")
         own.append(
             f"| {title} | {cell(vals)} jobs/s | {'-' if r is None else f'{r:.2f}x'} "
@@ -189,6 +190,8 @@ def render(records: list[dict[str, Any]], info: dict[str, Any], args: Any) -> st
             "",
         ]
 
+    lines += _cpu_table(m, labels, peers, info["nproc"], base)
+
     bad = [r for r in records if not r.get("verified")]
     total = len(records)
     lines.append(
@@ -203,9 +206,9 @@ def render(records: list[dict[str, Any]], info: dict[str, Any], args: Any) -> st
     lines += ["", "Configurations:", ""]
     seen = set()
     for r in records:
-        key = (r["label"], r.get("config"))
-        if key not in seen and r["workload"].startswith(("drain_1p", "enqueue")):
-            seen.add(key)
+        seen_key = (r["label"], r.get("config"))
+        if seen_key not in seen and r["workload"].startswith(("drain_1p", "enqueue")):
+            seen.add(seen_key)
             lines.append(f"- {r['label']}, {r['workload']}: {r.get('config')}")
     lines += [
         "",
@@ -215,3 +218,66 @@ def render(records: list[dict[str, Any]], info: dict[str, Any], args: Any) -> st
         f"Command: `{info['command']}` ({info['elapsed_s']} s).",
     ]
     return "\n".join(lines) + "\n"
+
+
+def _cpu_table(
+    m: Callable[..., list[float]],
+    labels: dict[str, str],
+    peers: list[str],
+    cpus: int,
+    single_stage: list[float],
+) -> list[str]:
+    """Where the CPU of a drain goes: the worker processes' and the server's time per job.
+
+    Together they bound the rate on this machine: `cpus` CPUs cannot finish more than
+    cpus / (CPU time per job) jobs a second, however the work overlaps.
+    """
+    runs: list[tuple[str, str, str, dict[str, Any]]] = [
+        ("durable", "drain 1 process", "drain_1p", {"variant": "warning"}),
+        ("durable", "drain 1 process, INFO logging", "drain_1p", {"variant": "info"}),
+        *((p, "drain 1 process", "drain_1p", {}) for p in peers),
+        ("bare", "drain 1 process", "drain_1p", {}),
+        ("durable", "3-stage pipeline", "drain_pipeline", {}),
+        ("bare", "3-stage pipeline", "drain_pipeline", {}),
+    ]
+    out = [
+        "Where the CPU goes (median per job over the runs; the server's time is that of all "
+        "its processes, so it includes the harness's few queries and any autovacuum):",
+        "",
+        "| library | workload | jobs/s | worker CPU (ms/job) | PostgreSQL CPU (ms/job) "
+        f"| ceiling on {cpus} CPUs (jobs/s) | machine busy | steal |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    pipeline_cpu = None
+    for lib, title, workload, match in runs:
+        worker = med(m(lib, workload, "worker_cpu_ms_per_job", **match))
+        server = med(m(lib, workload, "server_cpu_ms_per_job", **match))
+        if worker is None:
+            continue
+        total = worker + (server or 0.0)
+        ceiling = f"{1000 * cpus / total:,.0f}" if server is not None else "-"
+        if lib == "durable" and workload == "drain_pipeline" and server is not None:
+            pipeline_cpu = total
+        out.append(
+            f"| {labels.get(lib, lib)} | {title} | {cell(m(lib, workload, **match))} "
+            f"| {worker:.3f} | {'-' if server is None else f'{server:.3f}'} | {ceiling} "
+            f"| {_pct(m(lib, workload, 'machine_busy_pct', **match))} "
+            f"| {_pct(m(lib, workload, 'steal_pct', **match))} |"
+        )
+    if len(out) == 5:
+        return []
+    out.append("")
+    target = med(single_stage)
+    if pipeline_cpu is not None and target:
+        need = 1000 * cpus / (0.5 * target)
+        out += [
+            f"The pipeline target, 0.5x the single-stage drain ({0.5 * target:,.0f} jobs/s), "
+            f"leaves {need:.3f} ms of CPU per job on {cpus} CPUs, worker and server together; "
+            f"durable-worker's pipeline used {pipeline_cpu:.3f}.",
+            "",
+        ]
+    return out
+
+
+def _pct(vals: list[float]) -> str:
+    return f"{med(vals):.0f}%" if vals else "-"

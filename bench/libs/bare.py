@@ -20,7 +20,7 @@ from typing import Any
 
 import psycopg
 
-from bench.harness import Server
+from bench.harness import CpuMeter, Server, postmaster_of
 
 DDL = """
 DROP TABLE IF EXISTS lim_stages;
@@ -85,7 +85,9 @@ WHERE job_id = ANY(ARRAY(SELECT id FROM d)) AND stage = %(ended)s
 DB = "bench_bare"
 
 
-def _loop(dsn: str, batch: int, stages: int, wid: str, ready: Any, go: Any, out: Any) -> None:
+def _loop(
+    dsn: str, batch: int, stages: int, wid: str, ready: Any, go: Any, out: Any, leave: Any
+) -> None:
     ids: list[int] = []
     try:
         with psycopg.connect(dsn, autocommit=True, prepare_threshold=0) as c:
@@ -108,6 +110,7 @@ def _loop(dsn: str, batch: int, stages: int, wid: str, ready: Any, go: Any, out:
         out.put((ids, None))
     except Exception:
         out.put((ids, traceback.format_exc()))
+    leave.wait(60)  # alive until the parent has read this process's CPU time
 
 
 def measure(
@@ -124,6 +127,8 @@ def measure(
         config=config,
         procs=procs,
     )
+    ctx = mp.get_context("spawn")
+    ready, go, out, leave = ctx.Semaphore(0), ctx.Event(), ctx.Queue(), ctx.Event()
     try:
         server.reset(DB)
         dsn = server.dsn(DB)
@@ -131,11 +136,11 @@ def measure(
             c.execute(DDL)
             c.execute(FILL, (n,))
         server.settle(DB)
-        ctx = mp.get_context("spawn")
-        ready, go, out = ctx.Semaphore(0), ctx.Event(), ctx.Queue()
         workers = [
             ctx.Process(
-                target=_loop, args=(dsn, batch, stages, f"w{k}", ready, go, out), daemon=True
+                target=_loop,
+                args=(dsn, batch, stages, f"w{k}", ready, go, out, leave),
+                daemon=True,
             )
             for k in range(procs)
         ]
@@ -144,10 +149,14 @@ def measure(
         for _ in workers:
             if not ready.acquire(timeout=60):
                 raise RuntimeError("bare loop process did not become ready")
+        cpu = CpuMeter([p.pid for p in workers if p.pid], postmaster_of(server.admin))
+        cpu.start()
         t0 = time.perf_counter()
         go.set()
         results = [out.get(timeout=300) for _ in workers]
         el = time.perf_counter() - t0
+        rec.update(cpu.stop(n))
+        leave.set()
         for p in workers:
             p.join(10)
         errs = [e for _, e in results if e]
@@ -169,4 +178,6 @@ def measure(
         )
     except Exception:
         rec.update(value=None, verified=False, error=traceback.format_exc()[-3000:])
+    finally:
+        leave.set()
     return rec

@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import importlib.metadata
-from typing import Any
+from typing import Any, Literal
 
 from bench import harness
 from worker import AsyncClient, JobSpec, Pipeline, task
 from worker.db import migrate
 
 VERSION = importlib.metadata.version("durable-worker")
-LOG_LEVELS = {"warning": "WARNING", "info": "INFO"}
+LOG_LEVELS: dict[str, Literal["WARNING", "INFO"]] = {"warning": "WARNING", "info": "INFO"}
 
 
 @task(name="bench.noop")
@@ -89,7 +89,7 @@ async def start_worker(dsn: str, concurrency: int, variant: str | None) -> Any:
     from worker.settings import Settings
 
     level = LOG_LEVELS[variant or "warning"]
-    settings = Settings(database_url=dsn, concurrency=concurrency, log_level=level)
+    settings = Settings(DATABASE_URL=dsn, WORKER_CONCURRENCY=concurrency, WORKER_LOG_LEVEL=level)
     configure(settings.log_level, settings.log_format)
     worker = Worker(dsn, settings)
     run = asyncio.create_task(worker.run())
