@@ -7,6 +7,7 @@ processes and crashes.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import threading
 import time
@@ -61,6 +62,13 @@ def fails_then_succeeds(payload: dict[str, Any], ctx: Any) -> str:
     if ctx.attempt <= int(payload.get("failures", 1)):
         raise RuntimeError(f"failing attempt {ctx.attempt} on purpose")
     return f"succeeded on attempt {ctx.attempt}"
+
+
+@task
+async def awaits_a_cancelled_future(payload: dict[str, Any]) -> None:
+    future = asyncio.get_running_loop().create_future()
+    future.cancel()
+    await future  # raises CancelledError, though nothing cancelled this job
 
 
 @task

@@ -258,13 +258,24 @@ async def call(ctx: Context, fn: Callable[..., Any], is_async: bool, *args: Any)
     and its thread keeps its slot until it returns (the daemon reports it).
     """
     work = fn(*args) if is_async else ctx.runtime.in_thread(fn, *args)
-    if ctx.deadline is None:
-        return await work
     try:
-        return await asyncio.wait_for(work, max(ctx.deadline - time.monotonic(), 0.0))
-    except TimeoutError:
-        ctx.cancel_event.set()
-        raise TaskTimeout(f"job {ctx.job_id} ({ctx.job.task}) ran past its timeout") from None
+        if ctx.deadline is None:
+            return await work
+        try:
+            return await asyncio.wait_for(work, max(ctx.deadline - time.monotonic(), 0.0))
+        except TimeoutError:
+            ctx.cancel_event.set()
+            raise TaskTimeout(f"job {ctx.job_id} ({ctx.job.task}) ran past its timeout") from None
+    except asyncio.CancelledError as exc:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise  # the job's own task is cancelled: the worker is shutting down
+        # The code let through the cancellation of something it awaited. Passed on as is,
+        # it would read as the worker's shutdown, and the job would be left running forever.
+        raise RuntimeError(
+            "the code raised asyncio.CancelledError while its job was not cancelled (a future "
+            "or task it awaited was cancelled)"
+        ) from exc
 
 
 def settled_before_start(job: ClaimedJob, cancelled: bool = False) -> Outcome | None:
