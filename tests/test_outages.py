@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 import time
 import uuid
 from collections.abc import Iterator
@@ -19,7 +20,7 @@ import pytest
 from chaos.harness import OwnServer, reachable_again_seconds, wait_until, worker_env
 from conftest import Processes, query
 
-from worker.daemon.db import POOL_CAP, Patience, make_pool, pool_size
+from worker.daemon.db import POOL_CAP, POOL_WAIT, Patience, make_pool, pool_size
 from worker.events import PostgresBus
 from worker.models import ProgressEvent
 
@@ -111,6 +112,26 @@ def test_result_of_a_job_finished_during_a_restart_is_written_once_the_database_
     done = job(url, slow)
     assert done["result"] == "held" and done["retry_count"] == 0  # written, not run again
     assert woke < 5, f"the next job waited {woke:.1f} s: the worker is not listening again"
+
+
+def test_result_of_a_job_finished_while_stopping_during_a_restart_is_written(
+    server, processes: Processes
+):
+    url = server.url
+    proc = processes.worker(worker_env(url, WORKER_SHUTDOWN_GRACE="30"), TASKS)
+    wait_until(lambda: registered(url, proc), 60, "the worker to register")
+    slow = insert(url, "hold_still", '{"sleep": 3}')
+    wait_until(lambda: status(url, slow) == "processing", 30, "the job to start")
+
+    proc.send_signal(signal.SIGTERM)  # the job gets its grace period to finish
+    server.stop()  # and finishes while the database is down, for longer than a pool wait
+    time.sleep(POOL_WAIT + 5)
+    server.start()
+
+    assert proc.wait(timeout=60) == 0, processes.log(proc)
+    done = job(url, slow)
+    assert (done["status"], done["result"], done["retry_count"]) == ("completed", "held", 0)
+    assert not query(url, "SELECT 1 FROM worker.workers"), "the worker did not deregister"
 
 
 def test_statements_in_flight_across_an_outage_do_not_report_a_second_one(caplog):

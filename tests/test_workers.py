@@ -67,6 +67,30 @@ def test_sigterm_hands_back_jobs_that_outlive_the_grace_period(env, database_url
     assert "handing them back" in processes.log(proc)
 
 
+def test_a_worker_that_cannot_write_outcomes_stops_with_an_error(env, database_url, processes):
+    """Not an outage: the database refuses every outcome (here, an operator's trigger). The
+    worker must not go on claiming jobs it cannot finish; it stops, saying why, exit code 1."""
+    query(
+        database_url,
+        """
+        CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN RAISE EXCEPTION 'no job completes today'; END $$;
+        CREATE TRIGGER refuse BEFORE UPDATE ON worker.jobs FOR EACH ROW
+        WHEN (NEW.status = 'completed') EXECUTE FUNCTION refuse();
+        """,
+    )
+    proc = processes.worker(env, "testtasks")
+    Client(database_url).enqueue("add", {"a": 1, "b": 2})
+    assert proc.wait(timeout=90) == 1
+    log = processes.log(proc)
+    assert "the worker's completer failed: RaiseException: no job completes today;" in log
+    assert "1 job outcomes not written" in log
+    assert log.rstrip().endswith(
+        "error: the worker's completer failed: RaiseException: no job completes today"
+    )
+    assert not query(database_url, "SELECT 1 FROM worker.workers"), "it did not deregister"
+
+
 def test_killed_workers_jobs_are_finished_by_another_worker_within_the_lease(
     env, database_url, processes
 ):

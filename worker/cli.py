@@ -281,7 +281,7 @@ def run(
 
     Example: worker run myapp.tasks --queues default,emails --concurrency 20
     """
-    from worker.daemon import Worker
+    from worker.daemon import DutyFailed, Worker
     from worker.daemon.db import DatabaseUnreachable, wait_for_database
     from worker.logs import configure
 
@@ -314,6 +314,8 @@ def run(
 
     try:
         asyncio.run(main())
+    except DutyFailed as exc:  # logged with its traceback already
+        raise CliError(str(exc)) from None
     finally:
         if server is not None:
             server.stop()

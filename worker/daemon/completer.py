@@ -68,17 +68,29 @@ class Completer:
         return len(self._queue) + len(self._locked)
 
     async def run(self) -> None:
+        try:
+            await self._run()
+        finally:
+            # Failed, or cancelled by the shutdown: nothing more is written, so a drain waits
+            # no longer. What is left counts in `pending`.
+            self._idle.set()
+
+    async def _run(self) -> None:
         while True:
             await self._ready.wait()
             self._ready.clear()
             while self._queue:
-                batch, self._queue = self._queue[:MAX_BATCH], self._queue[MAX_BATCH:]
+                # The batch leaves the queue once written: outcomes added meanwhile go after it.
+                batch = self._queue[:MAX_BATCH]
                 try:
                     rows = await self._patience.run(
-                        "recording job outcomes", functools.partial(self._write, batch)
+                        "recording job outcomes",
+                        functools.partial(self._write, batch),
+                        past_stop=True,  # a stopping worker still writes what its jobs did
                     )
                 except (psycopg.DataError, UnicodeError) as exc:
                     rows = await self._write_each(batch, exc)
+                del self._queue[: len(batch)]
                 locked = {row[0] for row in rows if row[1] is None}
                 for job_id, _, _ in batch:
                     if job_id not in locked:
@@ -115,7 +127,7 @@ class Completer:
 
             async def write(item: Item) -> list[tuple[Any, ...]]:
                 return await self._patience.run(
-                    "recording job outcomes", lambda: self._write([item])
+                    "recording job outcomes", lambda: self._write([item]), past_stop=True
                 )
 
             try:
@@ -133,7 +145,7 @@ class Completer:
         return rows
 
     async def drain(self) -> None:
-        """Wait until everything handed over so far is written."""
+        """Wait until everything handed over so far is written (or the completer has ended)."""
         await self._idle.wait()
 
     async def _write(self, batch: list[Item]) -> list[tuple[Any, ...]]:

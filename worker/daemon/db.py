@@ -236,7 +236,10 @@ class Patience:
             extra=fields("database.reachable", outage_seconds=round(seconds, 3)),
         )
 
-    async def run(self, what: str, op: Callable[[], Awaitable[T]], *, forever: bool = True) -> T:
+    async def run(self, what: str, op: Callable[[], Awaitable[T]], *, past_stop: bool = False) -> T:
+        """Run `op`, again and again while the database is unreachable. Once the worker is
+        stopping, the first failure is raised instead, unless `past_stop` (the caller's shutdown
+        bounds the wait)."""
         delay = 0.1
         while True:
             started = time.monotonic()
@@ -244,7 +247,7 @@ class Patience:
                 result = await op()
             except TRANSIENT as exc:
                 self.failed(what, exc, started)
-                if not forever or self._stopping():
+                if self._stopping() and not past_stop:
                     raise
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)

@@ -17,9 +17,10 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from uuid import UUID
 
+import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from worker.daemon.db import TRANSIENT
+from worker.daemon.db import TRANSIENT, describe
 from worker.db import sql
 from worker.logs import fields
 from worker.models import TERMINAL_STATUSES
@@ -171,3 +172,10 @@ class Retention:
                     )
             except TRANSIENT as exc:
                 log.debug("retention skipped: %s", type(exc).__name__)
+            except psycopg.Error as exc:  # housekeeping: jobs still run; the operator is told
+                error = describe(exc)
+                log.error(
+                    "retention failed (%s); trying again next time",
+                    error,
+                    extra=fields("retention.failed", error=error),
+                )

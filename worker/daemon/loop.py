@@ -39,6 +39,7 @@ from worker.daemon.db import (
     Patience,
     Refused,
     UnreadableJSON,
+    describe,
     fetch,
     make_pool,
 )
@@ -167,6 +168,12 @@ async def _wait_until_set(event: asyncio.Event, timeout: float | None) -> None:
             await event.wait()
 
 
+class DutyFailed(Exception):
+    """One of the worker's own tasks (writing outcomes, the heartbeat, the rescuer, the
+    listener, retention) failed on something retrying cannot mend. The worker stopped, rather
+    than go on claiming jobs whose outcomes it could not write."""
+
+
 class Worker:
     """A worker process's engine. `worker run` builds one and runs it until SIGTERM.
 
@@ -210,6 +217,7 @@ class Worker:
         # jobs as ours, and `_release_lost_claims` must not hand them back.
         self._unwritten: set[str] = set()
         self._claim_uncertain = False
+        self._failure: DutyFailed | None = None
         # Observers (`worker.metrics`): called on the event loop with each claim's round trip
         # and job count, and with each batch of recorded outcomes. They must be cheap.
         self.on_claim: Callable[[float, int], None] | None = None
@@ -294,7 +302,11 @@ class Worker:
             asyncio.create_task(self._listen(), name="listener"),
         ]
         if self.settings.retention_enabled:
-            duties.append(asyncio.create_task(Retention(self.pool, self.settings).run()))
+            duties.append(
+                asyncio.create_task(Retention(self.pool, self.settings).run(), name="retention")
+            )
+        for duty in duties:
+            duty.add_done_callback(self._duty_ended)
         log.info(
             "worker %s started: queues %s, concurrency %d, tasks %s",
             self.id,
@@ -313,6 +325,26 @@ class Worker:
             await self._claim_loop()
         finally:
             await self._shutdown(completer, duties)
+        if self._failure is not None:
+            raise self._failure
+
+    def _duty_ended(self, duty: asyncio.Task[Any]) -> None:
+        """A duty runs until the shutdown cancels it: one that ended on an error stops the
+        worker, loudly, instead of leaving it claiming jobs nobody finishes."""
+        exc = None if duty.cancelled() else duty.exception()
+        if exc is None:
+            return
+        error = describe(exc)
+        if self._failure is None:
+            self._failure = DutyFailed(f"the worker's {duty.get_name()} failed: {error}")
+        log.error(
+            "the worker's %s failed: %s; the worker stops",
+            duty.get_name(),
+            error,
+            exc_info=exc,
+            extra=fields("worker.duty_failed", duty=duty.get_name(), error=error),
+        )
+        self.request_stop()
 
     async def _shutdown(self, completer: Completer, duties: list[asyncio.Task[Any]]) -> None:
         grace = self.settings.shutdown_grace
@@ -332,19 +364,20 @@ class Worker:
                 for task in pending:
                     task.cancel()
                 await asyncio.wait(pending, timeout=2.0)
-        try:
+        with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(completer.drain(), 30)
-        except TimeoutError:
+        if completer.pending:
             log.warning(
-                "%d job outcomes not written: their rows stayed locked by another client; "
-                "those jobs will be rescued and run again",
+                "%d job outcomes not written (the database stayed unreachable for 30 s, their "
+                "rows stay locked by another client, or writing them failed); those jobs will "
+                "be rescued and run again",
                 completer.pending,
                 extra=fields("worker.outcomes_unwritten", jobs=completer.pending),
             )
-        except TRANSIENT:
-            pass
         unfinished = list(self._inflight) + list(self._stuck)
         with contextlib.suppress(*TRANSIENT, TimeoutError):
+            if self._claim_uncertain:  # a claim's answer was lost just before the stop
+                await asyncio.wait_for(self._release_lost_claims(), 10)
             if unfinished:
                 await asyncio.wait_for(
                     fetch(self.pool, sql.RELEASE, {"worker_id": self.id, "ids": unfinished}), 10
@@ -473,8 +506,10 @@ class Worker:
         try:
             await fetch(self.pool, sql.RELEASE, {"worker_id": self.id, "ids": ids})
         except TRANSIENT:
-            # Still ours: they start when slots free, or go back with the next try.
+            # Still ours: they start when slots free (some may have freed meanwhile), or go
+            # back with the next try.
             self._ahead.extendleft((job, time.monotonic()) for job in reversed(jobs))
+            self._start_ahead()
             return
         for job in jobs:
             self._inflight.pop(job.id, None)

@@ -116,6 +116,8 @@ class StageWrites:
             # At once: in a done callback, this flusher would still count for a write made
             # before the callback ran, which would then wait for some later write's flusher.
             self._flushers.discard(asyncio.current_task())
+            if self._pending:  # it ended on an error, with writes waiting for a flusher
+                self._start_flusher()
 
     def _answer(self, batch: list[_Pending], ages: list[float | _Locked | None]) -> None:
         """Settle each write, or set it aside for another try if its job's row was locked."""
