@@ -475,7 +475,10 @@ def test_crash_recovery_runs_the_owed_cleanup_before_the_next_attempt(env, datab
     assert job_row(database_url, job.job_id)["retry_count"] == 1
 
 
-def test_owed_cleanup_still_runs_after_a_manual_retry_and_a_kill(env, database_url, processes):
+@pytest.mark.parametrize("retry", ["one job", "--all"])
+def test_owed_cleanup_still_runs_after_a_manual_retry_and_a_kill(
+    env, database_url, processes, retry
+):
     client = Client(database_url)
     job = client.enqueue("patient", {"seconds": 60}, max_retries=0)
     first = processes.worker(env, "testtasks")
@@ -484,7 +487,12 @@ def test_owed_cleanup_still_runs_after_a_manual_retry_and_a_kill(env, database_u
     wait_status(database_url, job.job_id, "cancelled")
     assert effects(database_url, job.job_id) == ["long_wait", "saw_cancel", "cleanup"]
 
-    client.retry(job.job_id)  # attempts count from 1 again
+    # Attempts count from 1 again.
+    if retry == "one job":
+        client.retry(job.job_id)
+    else:
+        done = cli(env, "retry", "--all", "--status", "cancelled")
+        assert done.returncode == 0, done.stderr
     wait_for(lambda: count(database_url, job.job_id, "long_wait") == 2, message="second run")
     os.killpg(first.pid, signal.SIGKILL)
     first.wait(timeout=10)

@@ -517,7 +517,9 @@ WITH batch AS (
     UPDATE worker.jobs AS j SET status = 'pending', retry_count = 0, run_at = now(),
            finished_at = NULL, cancel_requested = false, error = NULL
     FROM batch WHERE j.id = batch.id
-    RETURNING j.queue
+    RETURNING j.id, j.queue
+), renumbered AS (
+    UPDATE worker.job_stages AS s SET attempt = 0 FROM moved WHERE s.job_id = moved.id
 )
 SELECT queue, count(*) AS moved, pg_notify('worker_jobs', queue) IS NULL AS _
 FROM moved GROUP BY queue
