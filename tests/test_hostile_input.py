@@ -295,6 +295,7 @@ def test_task_returning_a_value_that_cannot_be_stored_fails_with_a_clear_error(
         "returns_nul": "it contains a NUL character",
         "returns_surrogate": "half of a UTF-16 surrogate pair",
         "returns_deep": "nested too deeply to be stored as JSON",
+        "nan_stage": "stage not_a_number returned a value that is not JSON-serialisable",
     }
     bad = {task: insert(url, task) for task in expected}
     good = insert(url, "echo", '{"still": "works"}')
@@ -304,6 +305,8 @@ def test_task_returning_a_value_that_cannot_be_stored_fails_with_a_clear_error(
     for task, message in expected.items():
         state, _, error = status_of(url, bad[task])
         assert state == "failed" and message in str(error), (task, error)
+        retries = "SELECT retry_count FROM worker.jobs WHERE id = %s"
+        assert query(url, retries, (bad[task],)) == [(0,)], task  # no retry can help
     assert status_of(url, good)[:2] == ("completed", 1)
     assert proc.poll() is None and "Traceback" not in processes.log(proc)
 
@@ -335,6 +338,19 @@ def test_a_value_past_postgresqls_size_limit_fails_its_job_not_the_worker(databa
     stages = "SELECT stage, status, error FROM worker.job_stages WHERE job_id = %s"
     [(stage, stage_status, stage_error)] = query(url, stages, (stage_too_long,))
     assert (stage, stage_status) == ("too_long", "failed") and stage_error == error
+    # The same as the last stage of a pipeline with a cleanup, whose output is written with the
+    # cleanup's start: the stage fails, then the cleanup runs, once.
+    last_too_long = insert(url, "too_long_last")
+    wait_until(lambda: finished(url, last_too_long), 120, "the pipeline with a cleanup")
+    state, _, error = status_of(url, last_too_long)
+    assert state == "failed", error
+    assert str(error).startswith(refused.replace("too_long ", "too_long_at_last ")), error
+    stages = "SELECT stage, status, attempt FROM worker.job_stages WHERE job_id = %s ORDER BY 1"
+    assert query(url, stages, (last_too_long,)) == [
+        ("cleans_up", "completed", 1),
+        ("small_first", "completed", 1),
+        ("too_long_at_last", "failed", 1),
+    ]
     # The worker goes on, and never took the refusals for an outage.
     after = insert(url, "echo", '{"still": "works"}')
     wait_until(lambda: finished(url, after), 60, "the job after them")

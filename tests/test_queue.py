@@ -94,7 +94,7 @@ def test_a_cancelled_error_from_task_code_fails_the_job_and_frees_its_slot(
     processes.worker(env, "testtasks", extra={"WORKER_CONCURRENCY": "1"})
     client = Client(database_url)
     job = client.enqueue("awaits_a_cancelled_future", {}, max_retries=0)
-    with pytest.raises(JobFailed, match="raised asyncio.CancelledError while its job was not"):
+    with pytest.raises(JobFailed, match=r"raised asyncio\.CancelledError while its job was not"):
         job.wait_sync(timeout=20)
     assert client.enqueue("add", {"a": 1, "b": 2}).wait_sync(timeout=20) == 3
 

@@ -139,6 +139,82 @@ def test_a_stage_write_made_as_the_last_flush_ends_is_written(database_url, monk
     }
 
 
+def test_result_is_the_last_stages_output_when_an_earlier_attempt_completed_it(
+    env, database_url, processes
+):
+    """A stage added by a deploy runs now, before a last stage that an earlier attempt had
+    completed: the job's result is still the last stage's output."""
+    client = Client(database_url)
+    job = client.enqueue("counted", {}, delay=3600)
+    query(
+        database_url,
+        "INSERT INTO worker.job_stages (job_id, stage, kind, status, output, attempt) VALUES "
+        "(%(id)s, 'first', 'stage', 'completed', '{\"n\": 1}', 1), "
+        "(%(id)s, 'third', 'stage', 'completed', '{\"n\": 30}', 1)",
+        {"id": job.job_id},
+    )
+    query(database_url, "UPDATE worker.jobs SET run_at = now() WHERE id = %s", (job.job_id,))
+    processes.worker(env, "testtasks")
+    assert job.wait_sync(timeout=30) == {"n": 30}
+    assert effects(database_url, job.job_id) == ["second", "cleanup"]
+
+
+def test_cancel_seen_as_a_snoozed_stage_is_taken_up_again_closes_that_stage(
+    database_url, monkeypatch
+):
+    """The cancel request lands after the claim, while the worker reads the stage rows of a job
+    back from a snooze: the job stops at the boundary of the snoozed stage, which is closed
+    as cancelled (not left snoozed), and the cleanup runs."""
+    import testtasks  # noqa: F401 - registers the pipelines with this process
+
+    from worker.daemon import Worker
+    from worker.daemon import loop as daemon_loop
+
+    monkeypatch.setenv("DATABASE_URL", database_url)  # where the stages record their effects
+    from worker.settings import Settings
+
+    client = Client(database_url)
+    job = client.enqueue("snoozer", {"polls": 2, "every": 0.3})
+    real_load = daemon_loop.PgStageStore.load
+    cancelled: list[JobStatus] = []
+
+    async def load(store: Any, job_id: str) -> list[Any]:
+        rows = await real_load(store, job_id)
+        if any(row.status == "snoozed" for row in rows) and not cancelled:
+            # The job is processing again: the cancel only asks, by NOTIFY to this worker.
+            cancelled.append(await asyncio.to_thread(client.cancel, job_id))
+            await asyncio.to_thread(
+                wait_for,
+                lambda: query(
+                    database_url,
+                    "SELECT 1 FROM worker.jobs WHERE cancel_requested AND id = %s",
+                    (job_id,),
+                ),
+            )
+            await asyncio.sleep(0.5)  # the NOTIFY reaches the worker's listener
+        return rows
+
+    monkeypatch.setattr(daemon_loop.PgStageStore, "load", load)
+
+    async def main() -> None:
+        settings = Settings(DATABASE_URL=database_url, WORKER_CONCURRENCY=1)
+        worker = Worker(database_url, settings)
+        running = asyncio.create_task(worker.run())
+        try:
+            await asyncio.to_thread(wait_status, database_url, job.job_id, "cancelled")
+        finally:
+            worker.request_stop()
+            await running
+
+    asyncio.run(main())
+    assert cancelled == [JobStatus.PROCESSING]
+    rows = stages(database_url, job.job_id)
+    assert {name: r["status"] for name, r in rows.items()} == {
+        "wait_until_ready": "cancelled",
+        "snoozer_cleanup": "completed",
+    }
+
+
 def test_retried_job_does_not_rerun_completed_stages(env, database_url, processes):
     processes.worker(env, "testtasks")
     job = Client(database_url).enqueue("counted", {"fail_second_until": 1})

@@ -387,6 +387,10 @@ class Pipeline:
                     ctx.emit(stage.name, "skipped", {"reason": "completed in an earlier attempt"})
                 continue
             if ctx.cancelled:  # the stage boundary: a cancel request stops the job here
+                if done is None and not claim_started_it and row is not None:
+                    # Its row is open from before (snoozed, paused, or handed back running).
+                    await store.finished(job, stage.name, "cancelled")
+                    ctx.emit(stage.name, "cancelled")
                 return hand_over(Outcome("cancelled", error=f"cancelled before stage {stage.name}"))
             if done is not None:
                 try:
@@ -409,7 +413,6 @@ class Pipeline:
             ctx.step = stage.name
             try:
                 output = await self._invoke(ctx, stage, age)
-                text = dumps(output)
             except Snooze as snooze:
                 if ctx.cancelled:
                     await store.finished(job, stage.name, "cancelled")
@@ -439,10 +442,18 @@ class Pipeline:
                 return Outcome("retry", error=_stage_error(stage.name, exc))
             finally:
                 ctx.step = ""
+            try:
+                text = dumps(output)
+            except NotStorable as exc:  # not JSON, or past PostgreSQL's limits: no retry helps
+                error = f"stage {stage.name} returned a value that {exc}"
+                await store.finished(job, stage.name, "failed", error=error)
+                ctx.emit(stage.name, "failed", {"error": error})
+                return Outcome("failed", error=error)
             done = (stage.name, text)
             ctx.outputs[stage.name] = last_output = output
         if self._result is None:  # the last stage's output, encoded already if it ran now
-            encoded = done[1] if done is not None else dumps(last_output)
+            ran_last = done is not None and done[0] == self.main_stages[-1].name
+            encoded = done[1] if done is not None and ran_last else dumps(last_output)
             return hand_over(Outcome("completed", result=last_output, result_json=encoded))
         # Whatever `result=` does, the last stage is recorded completed and reported.
         try:
@@ -494,9 +505,18 @@ class Pipeline:
         try:
             for stage in self.cleanups:
                 if end is not None and end.status == "completed":
-                    await store.advance(
-                        ctx.job, end.stage, end.output, stage.name, "cleanup", attempt
-                    )
+                    try:
+                        await store.advance(
+                            ctx.job, end.stage, end.output, stage.name, "cleanup", attempt
+                        )
+                    except NotStorable as exc:  # past PostgreSQL's limits: the job fails
+                        assert after is not None  # `end` came with it
+                        error = f"stage {end.stage} returned a value that {exc}"
+                        after.kind, after.error = "failed", error
+                        after.result = after.result_json = None
+                        reported = [ctx.event(end.stage, "failed", {"error": error})]
+                        await store.finished(ctx.job, end.stage, "failed", error=error)
+                        await store.started(ctx.job, stage.name, "cleanup", attempt)
                 else:
                     if end is not None:
                         await store.finished(ctx.job, end.stage, end.status)
@@ -519,7 +539,14 @@ class Pipeline:
                     continue
                 finally:
                     ctx.step = ""
-                await store.finished(ctx.job, stage.name, "completed", output=text)
+                try:
+                    await store.finished(ctx.job, stage.name, "completed", output=text)
+                except NotStorable as exc:
+                    errors.append(f"{stage.name}: returned a value that {exc}")
+                    error = f"cleanup {stage.name} returned a value that {exc}"
+                    await store.finished(ctx.job, stage.name, "failed", error=error)
+                    ctx.emit(stage.name, "failed", {"error": error})
+                    continue
                 ctx.emit(stage.name, "completed")
         finally:
             ctx.deadline = job_deadline

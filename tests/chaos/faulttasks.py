@@ -184,3 +184,30 @@ def too_long(ctx: Context) -> str:
 @too_long_stage.stage
 def after_too_long(ctx: Context) -> None:
     raise AssertionError("runs only after a stored output")
+
+
+# The last stage's output is written with the cleanup's start.
+too_long_last = Pipeline("too_long_last")
+
+
+@too_long_last.stage
+def small_first(ctx: Context) -> int:
+    return 1
+
+
+@too_long_last.stage
+def too_long_at_last(ctx: Context) -> str:
+    return "x" * JSONB_STRING_TOO_LONG
+
+
+@too_long_last.cleanup
+def cleans_up(ctx: Context) -> str:
+    return "cleaned"
+
+
+nan_stage = Pipeline("nan_stage")
+
+
+@nan_stage.stage
+def not_a_number(ctx: Context) -> float:
+    return float("nan")
