@@ -235,7 +235,7 @@ def test_jobs_of_a_claim_whose_answer_was_lost_are_handed_back(server, processes
     assert effects(url, running) == 1, "a job the worker was running was handed back"
     assert job(url, running)["retry_count"] == 0
     assert all(job(url, j)["retry_count"] == 0 for j in lost)  # not counted as an attempt
-    assert "3 jobs claimed by a statement whose answer was lost" in processes.log(proc)
+    assert "3 jobs held by this worker but not run here" in processes.log(proc)
 
 
 def test_terminated_sessions_do_not_stop_the_worker(database_url, processes):

@@ -91,6 +91,22 @@ def test_a_worker_that_cannot_write_outcomes_stops_with_an_error(env, database_u
     assert not query(database_url, "SELECT 1 FROM worker.workers"), "it did not deregister"
 
 
+def test_a_worker_presumed_dead_claims_nothing_until_it_registers_again(
+    env, database_url, processes
+):
+    """A rescuer removes the row of a worker silent for a whole lease (a stall, a partition)
+    and hands its jobs to others. A job that worker claimed before its heartbeat registers it
+    again would look orphaned at once, and run elsewhere while it runs here."""
+    proc = processes.worker(env, "testtasks", extra={"WORKER_LEASE_SECONDS": "30"})
+    wait_for(lambda: query(database_url, "SELECT 1 FROM worker.workers"), message="registered")
+    query(database_url, "DELETE FROM worker.workers")  # what a rescuer does to a silent worker
+    job = Client(database_url).enqueue("add", {"a": 1, "b": 2})
+    time.sleep(2)  # its NOTIFY woke the worker at once
+    assert job.refresh().status == JobStatus.PENDING
+    assert job.wait_sync(timeout=30) == 3  # its heartbeat (every 10 s) registered it again
+    assert "was presumed dead by another worker" in processes.log(proc)
+
+
 def test_killed_workers_jobs_are_finished_by_another_worker_within_the_lease(
     env, database_url, processes
 ):

@@ -216,7 +216,8 @@ class Worker:
         # Outcomes handed to the completer but not written yet: the database still shows these
         # jobs as ours, and `_release_lost_claims` must not hand them back.
         self._unwritten: set[str] = set()
-        self._claim_uncertain = False
+        # A claim or hand-back failed after it may have committed: check what we hold.
+        self._holdings_uncertain = False
         self._failure: DutyFailed | None = None
         # Observers (`worker.metrics`): called on the event loop with each claim's round trip
         # and job count, and with each batch of recorded outcomes. They must be cheap.
@@ -376,7 +377,7 @@ class Worker:
             )
         unfinished = list(self._inflight) + list(self._stuck)
         with contextlib.suppress(*TRANSIENT, TimeoutError):
-            if self._claim_uncertain:  # a claim's answer was lost just before the stop
+            if self._holdings_uncertain:  # a claim's answer was lost just before the stop
                 await asyncio.wait_for(self._release_lost_claims(), 10)
             if unfinished:
                 await asyncio.wait_for(
@@ -423,7 +424,7 @@ class Worker:
             claim_started = time.perf_counter()
             sent = time.monotonic()
             try:
-                if self._claim_uncertain:
+                if self._holdings_uncertain:
                     await self._release_lost_claims()
                 rows = await fetch(
                     self.pool,
@@ -439,7 +440,7 @@ class Worker:
                 )
             except TRANSIENT as exc:
                 # The claim may have committed with its answer lost: check before the next one.
-                self._claim_uncertain = True
+                self._holdings_uncertain = True
                 self._patience.failed("claiming jobs", exc, sent)
                 # The listener sets `_notified` when it is back: retry at once then.
                 await _wait_until_set(self._notified, delay)
@@ -478,9 +479,10 @@ class Worker:
         }
 
     async def _release_lost_claims(self) -> None:
-        """Hand back jobs a claim took whose answer never arrived (the connection broke after
-        the commit): the database shows them as ours, nobody runs them, and our heartbeat would
-        keep the rescuer away from them for as long as this worker lives."""
+        """Hand back jobs the database shows as ours that nobody here runs: those of a claim
+        whose answer never arrived (the connection broke after the commit), or of a hand-back
+        that may not have committed. Our heartbeat would keep the rescuer away from them for as
+        long as this worker lives."""
         rows = await fetch(self.pool, sql.HELD_JOBS, {"worker_id": self.id})
         held = {row[0] for row in rows}
         self._unwritten &= held  # the rest were written, or are no longer ours
@@ -489,11 +491,12 @@ class Worker:
         if lost:
             await fetch(self.pool, sql.RELEASE, {"worker_id": self.id, "ids": lost})
             log.warning(
-                "%d jobs claimed by a statement whose answer was lost are back to pending",
+                "%d jobs held by this worker but not run here (a claim or hand-back whose "
+                "answer was lost) are back to pending",
                 len(lost),
                 extra=fields("claim.lost_released", jobs=len(lost)),
             )
-        self._claim_uncertain = False
+        self._holdings_uncertain = False
 
     async def _hand_back_ahead(self, why: str) -> None:
         """Return the jobs claimed ahead to the queue, for another worker to run them sooner.
@@ -503,16 +506,15 @@ class Worker:
         jobs = [job for job, _ in self._ahead]
         self._ahead.clear()  # out of reach of `_start_ahead` while the statement runs
         ids = [job.id for job in jobs]
+        for job in jobs:
+            self._inflight.pop(job.id, None)
         try:
             await fetch(self.pool, sql.RELEASE, {"worker_id": self.id, "ids": ids})
         except TRANSIENT:
-            # Still ours: they start when slots free (some may have freed meanwhile), or go
-            # back with the next try.
-            self._ahead.extendleft((job, time.monotonic()) for job in reversed(jobs))
-            self._start_ahead()
+            # It may have committed with its answer lost, so they are not run here: the check
+            # before the next claim hands back those still ours.
+            self._holdings_uncertain = True
             return
-        for job in jobs:
-            self._inflight.pop(job.id, None)
         log.info(
             "%d jobs claimed ahead went back to the queue: %s",
             len(jobs),

@@ -66,6 +66,16 @@ ENQUEUE_MANY_AGAIN = ENQUEUE_MANY + "ON CONFLICT (id) DO NOTHING\n"
 
 # -- the worker's hot path ----------------------------------------------------------------
 
+# Every claim renews the worker's lease, and claims nothing if its row is gone: a rescuer
+# removed it after a silent lease (a stall, a partition), and jobs it claimed now would look
+# orphaned at once, to be run elsewhere while it runs them. It claims again once its heartbeat
+# has registered it anew. A rescuer deleting the row meanwhile waits for the claim, then finds
+# the lease fresh.
+_LEASE = """
+WITH lease AS (
+    UPDATE worker.workers SET heartbeat_at = now() WHERE id = %(worker_id)s RETURNING id
+)"""
+
 # What a claim does with the jobs its `next` CTE picked: mark them ours and, for a pipeline
 # job with no stage row yet, start its first stage in the same commit.
 _CLAIMED = """), claimed AS (
@@ -102,11 +112,11 @@ ORDER BY next.priority DESC, next.run_at
 # A worker of one queue (the usual case) claims with one ordered scan of jobs_runnable_idx:
 # on an idle queue its round trip is about 0.8 ms shorter than the several-queue form's.
 CLAIM_ONE_QUEUE = (
-    """
-WITH next AS (
+    _LEASE
+    + """, next AS (
     SELECT id, priority, run_at, error FROM worker.jobs
     WHERE status = 'pending' AND queue = (%(queues)s::text[])[1] AND run_at <= now()
-      AND id <> ALL(%(running)s::uuid[])
+      AND id <> ALL(%(running)s::uuid[]) AND EXISTS (SELECT FROM lease)
     ORDER BY priority DESC, run_at
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
@@ -119,13 +129,13 @@ WITH next AS (
 # cost O(backlog): 50 ms vs 0.6 ms at 10,000 pending). Rows a queue locked beyond the outer
 # LIMIT are released at commit.
 CLAIM = (
-    """
-WITH next AS (
+    _LEASE
+    + """, next AS (
     SELECT c.id, c.priority, c.run_at, c.error FROM unnest(%(queues)s::text[]) AS q(name)
     CROSS JOIN LATERAL (
         SELECT id, priority, run_at, error FROM worker.jobs
         WHERE status = 'pending' AND queue = q.name AND run_at <= now()
-          AND id <> ALL(%(running)s::uuid[])
+          AND id <> ALL(%(running)s::uuid[]) AND EXISTS (SELECT FROM lease)
         ORDER BY priority DESC, run_at
         LIMIT %(limit)s
         FOR UPDATE SKIP LOCKED
