@@ -152,6 +152,15 @@ def _traceback(exc: BaseException) -> str:
     return "".join(traceback.format_exception(exc, limit=20))
 
 
+async def _unstorable(ctx: Context, store: StageStore, stage: str, exc: NotStorable) -> str:
+    """Record `stage` failed for an output that cannot be stored (not JSON, or past one of
+    PostgreSQL's limits) and report it; returns the error, for the job's."""
+    error = f"stage {stage} returned a value that {exc}"
+    await store.finished(ctx.job, stage, "failed", error=error)
+    ctx.emit(stage, "failed", {"error": error})
+    return error
+
+
 def _stage_error(stage: str, exc: BaseException) -> str:
     return f"stage {stage} failed: {_short_error(exc)}\n" + _traceback(exc)
 
@@ -398,10 +407,7 @@ class Pipeline:
                         job, done[0], done[1], stage.name, "stage", job.attempt
                     )
                 except NotStorable as exc:  # past one of PostgreSQL's limits: no retry helps
-                    error = f"stage {done[0]} returned a value that {exc}"
-                    await store.finished(job, done[0], "failed", error=error)
-                    ctx.emit(done[0], "failed", {"error": error})
-                    return Outcome("failed", error=error)
+                    return Outcome("failed", error=await _unstorable(ctx, store, done[0], exc))
                 ctx.emit(done[0], "completed")
                 done = None
             elif claim_started_it:
@@ -445,10 +451,7 @@ class Pipeline:
             try:
                 text = dumps(output)
             except NotStorable as exc:  # not JSON, or past PostgreSQL's limits: no retry helps
-                error = f"stage {stage.name} returned a value that {exc}"
-                await store.finished(job, stage.name, "failed", error=error)
-                ctx.emit(stage.name, "failed", {"error": error})
-                return Outcome("failed", error=error)
+                return Outcome("failed", error=await _unstorable(ctx, store, stage.name, exc))
             done = (stage.name, text)
             ctx.outputs[stage.name] = last_output = output
         if self._result is None:  # the last stage's output, encoded already if it ran now
@@ -511,11 +514,10 @@ class Pipeline:
                         )
                     except NotStorable as exc:  # past PostgreSQL's limits: the job fails
                         assert after is not None  # `end` came with it
-                        error = f"stage {end.stage} returned a value that {exc}"
-                        after.kind, after.error = "failed", error
+                        after.kind = "failed"
+                        after.error = await _unstorable(ctx, store, end.stage, exc)
                         after.result = after.result_json = None
-                        reported = [ctx.event(end.stage, "failed", {"error": error})]
-                        await store.finished(ctx.job, end.stage, "failed", error=error)
+                        reported = []  # they reported the stage completed
                         await store.started(ctx.job, stage.name, "cleanup", attempt)
                 else:
                     if end is not None:
@@ -542,10 +544,7 @@ class Pipeline:
                 try:
                     await store.finished(ctx.job, stage.name, "completed", output=text)
                 except NotStorable as exc:
-                    errors.append(f"{stage.name}: returned a value that {exc}")
-                    error = f"cleanup {stage.name} returned a value that {exc}"
-                    await store.finished(ctx.job, stage.name, "failed", error=error)
-                    ctx.emit(stage.name, "failed", {"error": error})
+                    errors.append(await _unstorable(ctx, store, stage.name, exc))
                     continue
                 ctx.emit(stage.name, "completed")
         finally:

@@ -107,10 +107,12 @@ def _loop(
                         c.execute(STAGE_BOUNDARY, {"ids": got, "wid": wid, "ended": stage})
                     c.execute(DONE_STAGED, {"ids": got, "ended": stages})
                 ids.extend(got)
-        out.put((ids, None))
+            out.put((ids, None))
+            # This process and its server session stay until the parent has read their CPU
+            # time: a session that ends is counted only once the server has reaped it.
+            leave.wait(60)
     except Exception:
         out.put((ids, traceback.format_exc()))
-    leave.wait(60)  # alive until the parent has read this process's CPU time
 
 
 def measure(
