@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from conftest import Processes, query, wait_for
 
-from worker import Client, InvalidTransition, JobNotFound, JobStatus, Pipeline
+from worker import Client, InvalidTransition, Job, JobNotFound, JobStatus, Pipeline
 
 
 def effects(url: str, job_id: str) -> list[str]:
@@ -56,6 +56,21 @@ def stages(url: str, job_id: str) -> dict[str, dict[str, Any]]:
         r[0]: {"kind": r[1], "status": r[2], "output": r[3], "error": r[4], "attempt": r[5]}
         for r in rows
     }
+
+
+def counted_with_completed_stages(url: str, **outputs: str) -> Job:
+    """A `counted` job whose rows hold these stages completed by an attempt 1 (their JSON
+    outputs), as a deploy that changed the pipeline may leave them; due now."""
+    job = Client(url).enqueue("counted", {}, delay=3600)
+    for stage, output in outputs.items():
+        query(
+            url,
+            "INSERT INTO worker.job_stages (job_id, stage, kind, status, output, attempt) "
+            "VALUES (%s, %s, 'stage', 'completed', %s, 1)",
+            (job.job_id, stage, output),
+        )
+    query(url, "UPDATE worker.jobs SET run_at = now() WHERE id = %s", (job.job_id,))
+    return job
 
 
 def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
@@ -144,16 +159,7 @@ def test_result_is_the_last_stages_output_when_an_earlier_attempt_completed_it(
 ):
     """A stage added by a deploy runs now, before a last stage that an earlier attempt had
     completed: the job's result is still the last stage's output."""
-    client = Client(database_url)
-    job = client.enqueue("counted", {}, delay=3600)
-    query(
-        database_url,
-        "INSERT INTO worker.job_stages (job_id, stage, kind, status, output, attempt) VALUES "
-        "(%(id)s, 'first', 'stage', 'completed', '{\"n\": 1}', 1), "
-        "(%(id)s, 'third', 'stage', 'completed', '{\"n\": 30}', 1)",
-        {"id": job.job_id},
-    )
-    query(database_url, "UPDATE worker.jobs SET run_at = now() WHERE id = %s", (job.job_id,))
+    job = counted_with_completed_stages(database_url, first='{"n": 1}', third='{"n": 30}')
     processes.worker(env, "testtasks")
     assert job.wait_sync(timeout=30) == {"n": 30}
     assert effects(database_url, job.job_id) == ["second", "cleanup"]
@@ -340,16 +346,7 @@ def test_stage_completed_under_an_earlier_first_stage_is_not_run_again(
 ):
     # The job was retried under a deploy whose pipeline began with another stage: its rows
     # hold `second` completed but nothing for today's `first`.
-    client = Client(database_url)
-    job = client.enqueue("counted", {}, delay=3600)
-    query(
-        database_url,
-        "INSERT INTO worker.job_stages (job_id, stage, kind, status, output, attempt) "
-        "VALUES (%s, 'second', 'stage', 'completed', '{\"n\": 2}', 1), "
-        "(%s, 'first_before', 'stage', 'completed', '{}', 1)",
-        (job.job_id, job.job_id),
-    )
-    query(database_url, "UPDATE worker.jobs SET run_at = now() WHERE id = %s", (job.job_id,))
+    job = counted_with_completed_stages(database_url, second='{"n": 2}', first_before="{}")
     processes.worker(env, "testtasks")
     assert job.wait_sync(timeout=30) == {"n": 3}
     assert effects(database_url, job.job_id) == ["first", "third", "cleanup"]
