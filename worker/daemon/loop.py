@@ -214,7 +214,7 @@ class Worker:
         self.store = PgStageStore(self.pool, self._patience, self.id)
         self.processed = 0
         # Outcomes handed to the completer but not written yet: the database still shows these
-        # jobs as ours, and `_release_lost_claims` must not hand them back.
+        # jobs as ours, and `_release_unrun_holdings` must not hand them back.
         self._unwritten: set[str] = set()
         # A claim or hand-back failed after it may have committed: check what we hold.
         self._holdings_uncertain = False
@@ -377,8 +377,8 @@ class Worker:
             )
         unfinished = list(self._inflight) + list(self._stuck)
         with contextlib.suppress(*TRANSIENT, TimeoutError):
-            if self._holdings_uncertain:  # a claim's answer was lost just before the stop
-                await asyncio.wait_for(self._release_lost_claims(), 10)
+            if self._holdings_uncertain:  # a claim or hand-back answer lost before the stop
+                await asyncio.wait_for(self._release_unrun_holdings(), 10)
             if unfinished:
                 await asyncio.wait_for(
                     fetch(self.pool, sql.RELEASE, {"worker_id": self.id, "ids": unfinished}), 10
@@ -425,7 +425,7 @@ class Worker:
             sent = time.monotonic()
             try:
                 if self._holdings_uncertain:
-                    await self._release_lost_claims()
+                    await self._release_unrun_holdings()
                 rows = await fetch(
                     self.pool,
                     claim,
@@ -478,7 +478,7 @@ class Worker:
             "first_stages": [stage for _, stage in pipelines],
         }
 
-    async def _release_lost_claims(self) -> None:
+    async def _release_unrun_holdings(self) -> None:
         """Hand back jobs the database shows as ours that nobody here runs: those of a claim
         whose answer never arrived (the connection broke after the commit), or of a hand-back
         that may not have committed. Our heartbeat would keep the rescuer away from them for as
