@@ -136,20 +136,32 @@ def test_result_of_a_job_finished_while_stopping_during_a_restart_is_written(
 
 def test_statements_in_flight_across_an_outage_do_not_report_a_second_one(caplog):
     """A statement sent before the database went away may answer inside the outage, and one
-    sent before it came back may fail after: neither is news about the database."""
+    sent before it came back may fail after: neither is news about the database. Nor is an
+    answer from a session a shutting-down server has not cut yet, while no new session opens."""
     lost = psycopg.OperationalError("terminating connection due to administrator command")
-    refreshes: list[float] = []
+    accepting = False
+    confirmations: list[bool] = []
 
-    async def refresh() -> None:
-        refreshes.append(time.monotonic())
+    async def confirm() -> None:
         await asyncio.sleep(0.01)
+        confirmations.append(accepting)
+        if not accepting:
+            raise psycopg.OperationalError("the database system is shutting down")
 
     async def outage() -> None:
-        patience = Patience(lambda: False, refresh)
+        nonlocal accepting
+        patience = Patience(lambda: False, confirm)
         sent_before_outage = time.monotonic()
         patience.failed("claiming jobs", lost, time.monotonic())
         await patience.succeeded(sent_before_outage)  # an older statement answering late
         assert patience.down_since is not None
+        await patience.succeeded(time.monotonic())  # a session not cut yet, still shutting down
+        assert patience.down_since is not None
+        patience.failed("recording job outcomes", lost, time.monotonic())  # the same outage
+        accepting = True
+        await patience.succeeded(time.monotonic())  # within a second of the last try: not tried
+        assert patience.down_since is not None
+        await asyncio.sleep(1.0)
         sent_during_outage = time.monotonic()
         await patience.succeeded(time.monotonic())  # the database is back
         patience.failed("recording job outcomes", lost, sent_during_outage)
@@ -165,7 +177,7 @@ def test_statements_in_flight_across_an_outage_do_not_report_a_second_one(caplog
         "database reachable again",
         "database unreachable",
     ], lines
-    assert len(refreshes) == 1, "the pool's idle sessions are checked once the database is back"
+    assert confirmations == [False, True], "a recovery is confirmed on a new session first"
 
 
 def test_pool_and_bus_connections_bound_how_long_a_silently_cut_network_holds_them(database_url):

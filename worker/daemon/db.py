@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import math
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, TypeVar
@@ -193,16 +192,20 @@ class Patience:
     Logs one line when the database goes away and one when it is back, not one per try, however
     many parts of the daemon are waiting. A statement only speaks for the moment it was sent:
     one that began before the outage and succeeds inside it does not end it, and one that began
-    before the recovery and fails after it does not start another.
+    before the recovery and fails after it does not start another. Nor does one success end an
+    outage: a server shutting down answers on sessions it has not cut yet, so the recovery is
+    `confirm`ed first (on a new session), and an outage it cannot confirm goes on.
     """
 
     def __init__(
-        self, stopping: Callable[[], bool], refresh: Callable[[], Awaitable[None]]
+        self, stopping: Callable[[], bool], confirm: Callable[[], Awaitable[None]]
     ) -> None:
         self._stopping = stopping
-        self._refresh = refresh
+        self._confirm = confirm
         self.down_since: float | None = None
         self._up_since = 0.0
+        self._confirming = False
+        self._next_confirm = 0.0
 
     def failed(self, what: str, exc: BaseException, started: float) -> None:
         """Note a transient failure of a statement sent at `started` (`time.monotonic()`)."""
@@ -221,15 +224,19 @@ class Patience:
         """Note that a statement sent at `started` went through (ends the outage, if any)."""
         if self.down_since is None or started < self.down_since:
             return
+        if self._confirming or time.monotonic() < self._next_confirm:
+            return
+        self._confirming = True
+        try:
+            await self._confirm()
+        except TRANSIENT:
+            self._next_confirm = time.monotonic() + 1.0  # not a session per answered statement
+            return
+        finally:
+            self._confirming = False
         seconds = time.monotonic() - self.down_since
         self.down_since = None
-        self._up_since = math.inf  # failures during the refresh predate the recovery
-        try:
-            # Sessions idle in the pool since before the outage are likely dead: replace them
-            # now rather than let the next statement fail on one and report a second outage.
-            await self._refresh()
-        finally:
-            self._up_since = time.monotonic()
+        self._up_since = time.monotonic()  # failures of statements sent before are old news
         log.warning(
             "database reachable again after %.1f s; resuming",
             seconds,

@@ -210,7 +210,7 @@ class Worker:
         self._threads_lock = threading.Lock()
         self._executor = ThreadPoolExecutor(settings.concurrency, "worker-task")
         self.pool: AsyncConnectionPool = make_pool(url, settings.concurrency)
-        self._patience = Patience(self._stop.is_set, self.pool.check)
+        self._patience = Patience(self._stop.is_set, self._confirm_database_is_back)
         self.store = PgStageStore(self.pool, self._patience, self.id)
         self.processed = 0
         # Outcomes handed to the completer but not written yet: the database still shows these
@@ -396,6 +396,16 @@ class Worker:
             self.processed,
             extra=fields("worker.stopped", worker_id=self.id, processed=self.processed),
         )
+
+    async def _confirm_database_is_back(self) -> None:
+        # A new session is the proof: a server shutting down still answers on sessions it has
+        # not cut yet, but accepts no new ones. Then sessions idle in the pool since before the
+        # outage, likely dead, are replaced rather than left to fail the next statements.
+        conn = await psycopg.AsyncConnection.connect(
+            self.url, **connect_options(self.url, "durable-worker")
+        )
+        await conn.close()
+        await self.pool.check()
 
     # -- claiming ---------------------------------------------------------------------------
 
