@@ -18,6 +18,7 @@ import pytest
 from conftest import Processes, query, wait_for
 
 from worker import Client, InvalidTransition, Job, JobNotFound, JobStatus, Pipeline
+from worker.events import PostgresBus
 
 
 def effects(url: str, job_id: str) -> list[str]:
@@ -431,6 +432,38 @@ def test_pause_then_resume_with_an_answer_completes(env, database_url, processes
     # `prepare` is not run again; `approve` runs again and sees the answer.
     assert effects(database_url, job.job_id) == ["prepare", "approve", "approve", "pay", "cleanup"]
     assert stages(database_url, job.job_id)["approve"]["output"] == {"answer": {"approved": True}}
+
+
+def test_a_job_can_be_resumed_as_soon_as_its_paused_event_arrives(env, database_url, processes):
+    """The `paused` event reports the job paused: a client resuming on seeing it must find the
+    job paused, even while the database is slow to write that (here, a trigger)."""
+    query(
+        database_url,
+        """
+        CREATE FUNCTION slow_pause() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN PERFORM pg_sleep(1); RETURN NEW; END $$;
+        CREATE TRIGGER slow_pause BEFORE UPDATE ON worker.jobs FOR EACH ROW
+        WHEN (NEW.status = 'paused') EXECUTE FUNCTION slow_pause();
+        """,
+    )
+    processes.worker(env, "testtasks")
+    client = Client(database_url)
+    job = client.enqueue("approval", {"amount": 5})
+
+    async def resume_on_the_paused_event() -> None:
+        bus = PostgresBus(database_url)
+        try:
+            async with asyncio.timeout(30):
+                async for event in bus.follow(job.job_id):
+                    if event.status == "paused":
+                        assert event.message == {"question": {"question": "pay 5?"}}
+                        client.resume(job.job_id, "yes")
+                        return
+        finally:
+            await bus.aclose()
+
+    asyncio.run(resume_on_the_paused_event())
+    assert job.wait_sync(timeout=30) == {"paid": 5, "answer": "yes"}
 
 
 def test_resume_from_the_cli_passes_the_answer(env, database_url, processes):

@@ -388,6 +388,11 @@ class Pipeline:
                 outcome.events.append(ctx.event(outcome.stage_end.stage, outcome.stage_end.status))
             return outcome
 
+        async def cancelled_during(name: str) -> Outcome:
+            await store.finished(job, name, "cancelled")
+            error = f"cancelled during stage {name}"
+            return Outcome("cancelled", error=error, events=[ctx.event(name, "cancelled")])
+
         for stage in self.main_stages:
             row = rows.get(stage.name)
             if row is not None and row.status == "completed":
@@ -421,23 +426,18 @@ class Pipeline:
                 output = await self._invoke(ctx, stage, age)
             except Snooze as snooze:
                 if ctx.cancelled:
-                    await store.finished(job, stage.name, "cancelled")
-                    ctx.emit(stage.name, "cancelled")
-                    return Outcome("cancelled", error=f"cancelled during stage {stage.name}")
+                    return await cancelled_during(stage.name)
                 await store.finished(job, stage.name, "snoozed")
                 return Outcome("snoozed", delay=snooze.seconds)
             except PauseForResolution as pause:
                 if ctx.cancelled:
-                    await store.finished(job, stage.name, "cancelled")
-                    ctx.emit(stage.name, "cancelled")
-                    return Outcome("cancelled", error=f"cancelled during stage {stage.name}")
+                    return await cancelled_during(stage.name)
                 await store.finished(job, stage.name, "paused")
-                ctx.emit(stage.name, "paused", {"question": pause.question})
-                return Outcome("paused", result=pause.question)
+                # Reported once the job is `paused`: a client may resume it on seeing this.
+                paused = ctx.event(stage.name, "paused", {"question": pause.question})
+                return Outcome("paused", result=pause.question, events=[paused])
             except JobCancelled:
-                await store.finished(job, stage.name, "cancelled")
-                ctx.emit(stage.name, "cancelled")
-                return Outcome("cancelled", error=f"cancelled during stage {stage.name}")
+                return await cancelled_during(stage.name)
             except StageDeadlineExceeded as exc:
                 await store.finished(job, stage.name, "failed", error=str(exc))
                 ctx.emit(stage.name, "failed", {"error": _short_error(exc)})
