@@ -287,6 +287,21 @@ def test_a_result_that_cannot_be_stored_fails_the_job_after_its_stages_are_recor
 # -- cancellation -------------------------------------------------------------------------
 
 
+def test_a_stage_done_in_an_earlier_attempt_is_reported_skipped_once_per_attempt(
+    env, database_url, processes
+):
+    processes.worker(env, "testtasks", extra={"WORKER_RETRY_BACKOFF_BASE": "0"})
+    job = Client(database_url).enqueue("retried_poller", {})
+    assert job.wait_sync(timeout=30) == 3
+    assert effects(database_url, job.job_id) == ["fetch", "poll", "poll", "poll", "poll"]
+    skipped = query(
+        database_url,
+        "SELECT step FROM worker.job_events WHERE job_id = %s AND status = 'skipped'",
+        (job.job_id,),
+    )
+    assert skipped == [("fetch",)], "reported again on each return from a snooze"
+
+
 def test_cancelling_a_running_job_stops_at_the_next_stage_boundary(env, database_url, processes):
     processes.worker(env, "testtasks")
     client = Client(database_url)
@@ -579,6 +594,28 @@ def test_crash_recovery_runs_the_owed_cleanup_before_the_next_attempt(env, datab
     assert rows["first"]["attempt"] == 1
     assert rows["second"]["attempt"] == 2
     assert job_row(database_url, job.job_id)["retry_count"] == 1
+
+
+def test_a_cancel_during_an_owed_cleanup_runs_that_cleanup_once(env, database_url, processes):
+    """The attempt that runs a killed one's cleanup, cancelled meanwhile, began no stage of its
+    own: it owes no second cleanup."""
+    client = Client(database_url)
+    job = client.enqueue("counted", {"second_sleep": 3, "cleanup_sleep": 2})
+    doomed = processes.worker(env, "testtasks")
+    wait_for(lambda: count(database_url, job.job_id, "second") == 1, message="second to start")
+    os.killpg(doomed.pid, signal.SIGKILL)
+    doomed.wait(timeout=10)
+    processes.worker(env, "testtasks")  # recovers the job once the lease (3 s) runs out
+    wait_for(
+        lambda: count(database_url, job.job_id, "cleanup") == 1, timeout=30, message="the cleanup"
+    )
+    client.cancel(job.job_id)
+    wait_status(database_url, job.job_id, "cancelled")
+    assert effects(database_url, job.job_id) == ["first", "second", "cleanup"]
+    rows = stages(database_url, job.job_id)
+    assert (rows["second"]["status"], rows["second"]["attempt"]) == ("failed", 1)
+    assert "interrupted" in rows["second"]["error"]
+    assert (rows["tidy"]["status"], rows["tidy"]["attempt"]) == ("completed", 1)
 
 
 @pytest.mark.parametrize("retry", ["one job", "--all"])

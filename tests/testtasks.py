@@ -111,6 +111,7 @@ def third(ctx: Any) -> dict[str, int]:
 @counted.cleanup
 def tidy(ctx: Any) -> str:
     record(ctx.job_id, "cleanup")
+    time.sleep(float(ctx.payload.get("cleanup_sleep", 0)))
     return "tidied"
 
 
@@ -238,6 +239,27 @@ def snoozer_wait(ctx: Any) -> dict[str, int]:
 def snoozer_cleanup(ctx: Any) -> str:
     record(ctx.job_id, "cleanup")
     return "done"
+
+
+# Its second stage fails once, then polls as `snoozer` does, in the job's second attempt.
+retried_poller = Pipeline("retried_poller")
+
+
+@retried_poller.stage(name="fetch")
+def retried_poller_fetch(ctx: Any) -> str:
+    record(ctx.job_id, "fetch")
+    return "fetched"
+
+
+@retried_poller.stage(name="poll")
+def retried_poller_poll(ctx: Any) -> int:
+    record(ctx.job_id, "poll")
+    if ctx.attempt == 1:
+        raise RuntimeError("not yet")
+    polls = effects_of(ctx.job_id, "poll") - 1
+    if polls < 3:
+        ctx.snooze(0.2)
+    return polls
 
 
 # A stage with a 1 s deadline that is never done: it snoozes, or it sleeps, forever.

@@ -350,7 +350,18 @@ class Pipeline:
                     job.attempt,
                 )
 
-        outcome = await self._run_stages(ctx, store, rows)
+        # Begun by the claim, or by an earlier claim of this attempt (before a snooze, a pause
+        # or a hand-back).
+        began = job.first_stage_started or any(
+            r.kind == "stage" and r.attempt == job.attempt for r in rows.values()
+        )
+        left = [s.name for s in self.main_stages if s.name not in ctx.outputs]
+        if ctx.cancelled and left and not began:
+            # An attempt cancelled before it began a stage has nothing to clean up: the one
+            # before it cleaned up at its end, or as owed just now.
+            cancelled = Outcome("cancelled", error=f"cancelled before stage {left[0]}")
+            return self._finish(ctx, cancelled)
+        outcome = await self._run_stages(ctx, store, rows, began)
         if outcome.kind in ("snoozed", "paused"):
             return outcome  # the attempt goes on later; nothing to clean up yet
         errors = await self._run_cleanups(ctx, store, job.attempt, after=outcome)
@@ -369,7 +380,7 @@ class Pipeline:
         return outcome
 
     async def _run_stages(
-        self, ctx: Context, store: StageStore, rows: dict[str, StageRow]
+        self, ctx: Context, store: StageStore, rows: dict[str, StageRow], began: bool
     ) -> Outcome:
         job = ctx.job
         last_output: JSON = None
@@ -397,11 +408,11 @@ class Pipeline:
             row = rows.get(stage.name)
             if row is not None and row.status == "completed":
                 last_output = row.output
-                if row.attempt < job.attempt:  # not on every return from a snooze
+                if not began:  # reported once per attempt, not on each return from a snooze
                     ctx.emit(stage.name, "skipped", {"reason": "completed in an earlier attempt"})
                 continue
             if ctx.cancelled:  # the stage boundary: a cancel request stops the job here
-                if done is None and not claim_started_it and row is not None:
+                if done is None and not claim_started_it and row and row.status in _OPEN:
                     # Its row is open from before (snoozed, paused, or handed back running).
                     await store.finished(job, stage.name, "cancelled")
                     ctx.emit(stage.name, "cancelled")
