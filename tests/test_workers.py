@@ -12,6 +12,7 @@ from conftest import Processes, query, wait_for
 
 from worker import AsyncClient, Client, JobCancelledError, JobSpec, JobStatus
 from worker.daemon import Worker, loop
+from worker.db import sql
 from worker.settings import Settings
 from worker.tasks import Task
 
@@ -165,6 +166,54 @@ def test_jobs_claimed_ahead_go_back_to_the_queue_when_slots_stay_busy(env, datab
     assert quick_row[0] != slow_row[0]  # run by the other worker
     assert quick_row[1] == 0  # going back is not an attempt
     assert slow.wait_sync(timeout=20) == "done"
+
+
+LISTENING = (
+    "SELECT 1 FROM pg_stat_activity WHERE application_name = 'durable-worker-listener' "
+    "AND query = 'LISTEN worker_cancel'"
+)
+
+
+def test_a_cancel_heard_before_its_claims_answer_still_stops_the_job(database_url, monkeypatch):
+    """A cancel made just after a claim commits notifies every worker at once; the claimer may
+    hear it before the claim's own answer arrives, while the job is not its yet."""
+    ran: list[str] = []
+    claim_answered = loop.fetch
+
+    async def cancelled_in_flight(pool, query, params):  # type: ignore[no-untyped-def]
+        rows = await claim_answered(pool, query, params)
+        if query in (sql.CLAIM, sql.CLAIM_ONE_QUEUE) and rows:
+            # Committed: the cancel can only ask the worker now, over NOTIFY, which the
+            # listener hears before this answer is handed on.
+            assert Client(database_url).cancel(rows[0][0]) == JobStatus.PROCESSING
+            await asyncio.sleep(1.0)
+        return rows
+
+    monkeypatch.setattr(loop, "fetch", cancelled_in_flight)
+
+    async def main() -> None:
+        async def quick(payload: dict[str, object]) -> None:
+            ran.append("victim")
+
+        settings = Settings(DATABASE_URL=database_url, WORKER_CONCURRENCY=1)
+        registry = {"quick": Task("quick", quick, is_async=True)}
+        worker = Worker(database_url, settings, registry=registry)
+        running = asyncio.create_task(worker.run())
+        client = AsyncClient(database_url)
+        try:
+            async with asyncio.timeout(30):
+                while not query(database_url, LISTENING):
+                    await asyncio.sleep(0.01)
+                victim = await client.enqueue("quick", {})
+                with pytest.raises(JobCancelledError):
+                    await victim.wait()
+        finally:
+            worker.request_stop()
+            await running
+            await client.close()
+
+    asyncio.run(main())
+    assert ran == []
 
 
 @pytest.mark.parametrize("victim_task", ["quick", "not_registered"])

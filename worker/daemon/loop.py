@@ -218,6 +218,9 @@ class Worker:
         self._unwritten: set[str] = set()
         # A claim or hand-back failed after it may have committed: check what we hold.
         self._holdings_uncertain = False
+        # Cancel requests seen while a claim is on its way: one made just after the claim
+        # committed can be heard before the claim's answer, for a job not ours yet.
+        self._claim_cancels: set[str] | None = None
         self._failure: DutyFailed | None = None
         # Observers (`worker.metrics`): called on the event loop with each claim's round trip
         # and job count, and with each batch of recorded outcomes. They must be cheap.
@@ -433,6 +436,7 @@ class Worker:
             self._notified.clear()
             claim_started = time.perf_counter()
             sent = time.monotonic()
+            self._claim_cancels = set()
             try:
                 if self._holdings_uncertain:
                     await self._release_unrun_holdings()
@@ -451,6 +455,7 @@ class Worker:
             except TRANSIENT as exc:
                 # The claim may have committed with its answer lost: check before the next one.
                 self._holdings_uncertain = True
+                self._claim_cancels = None
                 self._patience.failed("claiming jobs", exc, sent)
                 # The listener sets `_notified` when it is back: retry at once then.
                 await _wait_until_set(self._notified, delay)
@@ -459,12 +464,7 @@ class Worker:
             await self._patience.succeeded(sent)
             if self.on_claim is not None:
                 self.on_claim(time.perf_counter() - claim_started, len(rows))
-            claimed_at = time.monotonic()
-            for row in rows:
-                job = ClaimedJob(*row)
-                self._inflight[job.id] = threading.Event()  # its cancel flag
-                self._ahead.append((job, claimed_at))
-            self._start_ahead()
+            self._take(rows)
             if len(rows) == free:
                 delay = s.poll_min
                 continue  # there may be more: claim again as soon as a slot frees
@@ -487,6 +487,18 @@ class Worker:
             "pipelines": [name for name, _ in pipelines],
             "first_stages": [stage for _, stage in pipelines],
         }
+
+    def _take(self, rows: list[tuple[Any, ...]]) -> None:
+        """Hold the jobs a claim returned, and start as many as there are free slots."""
+        claimed_at = time.monotonic()
+        cancels, self._claim_cancels = self._claim_cancels or set(), None
+        for row in rows:
+            job = ClaimedJob(*row)
+            self._inflight[job.id] = threading.Event()  # its cancel flag
+            if job.id in cancels:
+                self._cancel_requested(job.id)
+            self._ahead.append((job, claimed_at))
+        self._start_ahead()
 
     async def _release_unrun_holdings(self) -> None:
         """Hand back jobs the database shows as ours that nobody here runs: those of a claim
@@ -680,6 +692,8 @@ class Worker:
 
     def _cancel_requested(self, job_id: str) -> None:
         flag = self._inflight.get(job_id)
+        if flag is None and self._claim_cancels is not None:
+            self._claim_cancels.add(job_id)
         if flag is not None and not flag.is_set():
             job_log.info(
                 "job %s cancel requested",
