@@ -153,21 +153,26 @@ def test_statements_in_flight_across_an_outage_do_not_report_a_second_one(caplog
         patience = Patience(lambda: False, confirm)
         sent_before_outage = time.monotonic()
         patience.failed("claiming jobs", lost, time.monotonic())
-        await patience.succeeded(sent_before_outage)  # an older statement answering late
-        assert patience.down_since is not None
-        await patience.succeeded(time.monotonic())  # a session not cut yet, still shutting down
-        assert patience.down_since is not None
+        patience.succeeded(sent_before_outage)  # an older statement answering late
+        await asyncio.sleep(0.05)
+        assert patience.down_since is not None and confirmations == []
+        patience.succeeded(time.monotonic())  # a session not cut yet, the server shutting down
+        await asyncio.sleep(0.05)
+        assert patience.down_since is not None and confirmations == [False]
         patience.failed("recording job outcomes", lost, time.monotonic())  # the same outage
         accepting = True
-        await patience.succeeded(time.monotonic())  # within a second of the last try: not tried
-        assert patience.down_since is not None
+        patience.succeeded(time.monotonic())  # within a second of the last try: not tried
         await asyncio.sleep(1.0)
+        assert patience.down_since is not None and confirmations == [False]
         sent_during_outage = time.monotonic()
-        await patience.succeeded(time.monotonic())  # the database is back
+        patience.succeeded(time.monotonic())  # the database is back
+        await asyncio.sleep(0.05)
+        assert patience.down_since is None
         patience.failed("recording job outcomes", lost, sent_during_outage)
         assert patience.down_since is None
         patience.failed("recording job outcomes", lost, time.monotonic())  # a new outage
         assert patience.down_since is not None
+        await patience.close()
 
     with caplog.at_level(logging.WARNING, logger="worker.daemon"):
         asyncio.run(outage())
@@ -178,6 +183,35 @@ def test_statements_in_flight_across_an_outage_do_not_report_a_second_one(caplog
         "database unreachable",
     ], lines
     assert confirmations == [False, True], "a recovery is confirmed on a new session first"
+
+
+def test_statements_going_through_end_an_outage_while_new_sessions_are_refused(caplog, monkeypatch):
+    """A server at its connection limit serves the pool's sessions and refuses new ones: the
+    outage ends once statements have gone through for a while, and the confirming stops."""
+    monkeypatch.setattr(Patience, "SURE_AFTER", 0.5)
+    tries: list[float] = []
+
+    async def confirm() -> None:
+        tries.append(time.monotonic())
+        raise psycopg.OperationalError("sorry, too many clients already")
+
+    async def outage() -> None:
+        patience = Patience(lambda: False, confirm)
+        patience.failed("claiming jobs", psycopg.OperationalError("x"), time.monotonic())
+        started = time.monotonic()
+        while patience.down_since is not None:
+            assert time.monotonic() - started < 5, "the outage never ended"
+            patience.succeeded(time.monotonic())
+            await asyncio.sleep(0.05)
+        await patience.close()
+
+    with caplog.at_level(logging.WARNING, logger="worker.daemon"):
+        asyncio.run(outage())
+    assert len(tries) == 1, "one try a second, not one per statement"
+    assert [r.getMessage().split(" (")[0].split(" after")[0] for r in caplog.records] == [
+        "database unreachable",
+        "database reachable again",
+    ]
 
 
 def test_pool_and_bus_connections_bound_how_long_a_silently_cut_network_holds_them(database_url):

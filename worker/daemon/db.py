@@ -16,6 +16,7 @@ not fail over by itself (point `DATABASE_URL` at a name that follows the primary
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -192,10 +193,16 @@ class Patience:
     Logs one line when the database goes away and one when it is back, not one per try, however
     many parts of the daemon are waiting. A statement only speaks for the moment it was sent:
     one that began before the outage and succeeds inside it does not end it, and one that began
-    before the recovery and fails after it does not start another. Nor does one success end an
-    outage: a server shutting down answers on sessions it has not cut yet, so the recovery is
-    `confirm`ed first (on a new session), and an outage it cannot confirm goes on.
+    before the recovery and fails after it does not start another.
+
+    Nor does one answer end an outage: a server shutting down still answers on sessions it has
+    not cut yet. The recovery is `confirm`ed on a new session, in the background (the statement
+    that went through goes on at once). Statements that keep going through for `SURE_AFTER`
+    seconds end the outage too, for a server that refuses new sessions but serves the pool's
+    (at its connection limit, say).
     """
+
+    SURE_AFTER = 5.0
 
     def __init__(
         self, stopping: Callable[[], bool], confirm: Callable[[], Awaitable[None]]
@@ -204,12 +211,17 @@ class Patience:
         self._confirm = confirm
         self.down_since: float | None = None
         self._up_since = 0.0
-        self._confirming = False
+        self._answering_since: float | None = None  # statements go through again since then
+        self._confirming: asyncio.Task[None] | None = None
         self._next_confirm = 0.0
 
     def failed(self, what: str, exc: BaseException, started: float) -> None:
         """Note a transient failure of a statement sent at `started` (`time.monotonic()`)."""
-        if self.down_since is None and started >= self._up_since:
+        if self.down_since is not None:
+            if started >= self.down_since:
+                self._answering_since = None
+            return
+        if started >= self._up_since:
             self.down_since = time.monotonic()
             reason = describe(exc)
             log.warning(
@@ -220,28 +232,48 @@ class Patience:
                 extra=fields("database.unreachable", error=reason, during=what),
             )
 
-    async def succeeded(self, started: float) -> None:
+    def succeeded(self, started: float) -> None:
         """Note that a statement sent at `started` went through (ends the outage, if any)."""
         if self.down_since is None or started < self.down_since:
             return
-        if self._confirming or time.monotonic() < self._next_confirm:
+        now = time.monotonic()
+        if self._answering_since is None:
+            self._answering_since = now
+        elif now - self._answering_since >= self.SURE_AFTER:
+            self._recovered()
             return
-        self._confirming = True
+        if self._confirming is None and now >= self._next_confirm:
+            self._confirming = asyncio.create_task(self._confirm_recovery(self.down_since))
+
+    async def _confirm_recovery(self, outage: float) -> None:
         try:
-            await self._confirm()
-        except TRANSIENT:
-            self._next_confirm = time.monotonic() + 1.0  # not a session per answered statement
+            async with asyncio.timeout(self.SURE_AFTER):
+                await self._confirm()
+        except Exception:  # not back yet (refused, timed out): a later answer tries again
+            self._next_confirm = time.monotonic() + 1.0
             return
         finally:
-            self._confirming = False
-        seconds = time.monotonic() - self.down_since
-        self.down_since = None
+            self._confirming = None
+        if self.down_since == outage:
+            self._recovered()
+
+    def _recovered(self) -> None:
+        assert self.down_since is not None
         self._up_since = time.monotonic()  # failures of statements sent before are old news
+        seconds = self._up_since - self.down_since
+        self.down_since = self._answering_since = None
         log.warning(
             "database reachable again after %.1f s; resuming",
             seconds,
             extra=fields("database.reachable", outage_seconds=round(seconds, 3)),
         )
+
+    async def close(self) -> None:
+        """Stop a confirmation under way (before the pool closes)."""
+        if self._confirming is not None:
+            self._confirming.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._confirming
 
     async def run(self, what: str, op: Callable[[], Awaitable[T]], *, past_stop: bool = False) -> T:
         """Run `op`, again and again while the database is unreachable. Once the worker is
@@ -259,7 +291,7 @@ class Patience:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
                 continue
-            await self.succeeded(started)
+            self.succeeded(started)
             return result
 
 

@@ -391,6 +391,7 @@ class Worker:
             task.cancel()
         await asyncio.gather(*duties, return_exceptions=True)
         await self.bus.aclose()
+        await self._patience.close()
         await self.pool.close()
         self._executor.shutdown(wait=False, cancel_futures=True)
         log.info(
@@ -404,10 +405,10 @@ class Worker:
         # A new session is the proof: a server shutting down still answers on sessions it has
         # not cut yet, but accepts no new ones. Then sessions idle in the pool since before the
         # outage, likely dead, are replaced rather than left to fail the next statements.
-        conn = await psycopg.AsyncConnection.connect(
+        async with await psycopg.AsyncConnection.connect(
             self.url, **connect_options(self.url, "durable-worker")
-        )
-        await conn.close()
+        ):
+            pass
         await self.pool.check()
 
     # -- claiming ---------------------------------------------------------------------------
@@ -461,7 +462,7 @@ class Worker:
                 await _wait_until_set(self._notified, delay)
                 delay = next_poll_delay(delay, False, s.poll_min, s.poll_max)
                 continue
-            await self._patience.succeeded(sent)
+            self._patience.succeeded(sent)
             if self.on_claim is not None:
                 self.on_claim(time.perf_counter() - claim_started, len(rows))
             self._take(rows)
