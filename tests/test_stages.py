@@ -379,6 +379,17 @@ def test_cancel_landing_as_a_stage_pauses_or_snoozes_still_ends_cancelled(
     assert effects(database_url, job.job_id) == ["ask", "cleanup"]
     assert stages(database_url, job.job_id)["ask"]["status"] == "cancelled"
 
+    def events() -> list[tuple[object, ...]]:
+        return query(
+            database_url,
+            "SELECT step, status FROM worker.job_events WHERE job_id = %s ORDER BY id",
+            (job.job_id,),
+        )
+
+    wait_for(lambda: ("job", "cancelled") in events(), message="the final event")
+    assert ("ask", "paused") not in events(), "a pause the cancel overrode was reported"
+    assert ("ask", "cancelled") in events()
+
 
 def test_cancelling_a_pending_job_is_immediate_and_it_never_runs(env, database_url, processes):
     client = Client(database_url)
@@ -596,11 +607,15 @@ def test_crash_recovery_runs_the_owed_cleanup_before_the_next_attempt(env, datab
     assert job_row(database_url, job.job_id)["retry_count"] == 1
 
 
-def test_a_cancel_during_an_owed_cleanup_runs_that_cleanup_once(env, database_url, processes):
+@pytest.mark.parametrize("cleanup_fails", [False, True])
+def test_a_cancel_during_an_owed_cleanup_runs_that_cleanup_once(
+    env, database_url, processes, cleanup_fails
+):
     """The attempt that runs a killed one's cleanup, cancelled meanwhile, began no stage of its
-    own: it owes no second cleanup."""
+    own: it owes no second cleanup. A failure of the owed one is in the job's error."""
     client = Client(database_url)
-    job = client.enqueue("counted", {"second_sleep": 3, "cleanup_sleep": 2})
+    payload = {"second_sleep": 3, "cleanup_sleep": 2, "cleanup_fails": cleanup_fails}
+    job = client.enqueue("counted", payload)
     doomed = processes.worker(env, "testtasks")
     wait_for(lambda: count(database_url, job.job_id, "second") == 1, message="second to start")
     os.killpg(doomed.pid, signal.SIGKILL)
@@ -615,7 +630,15 @@ def test_a_cancel_during_an_owed_cleanup_runs_that_cleanup_once(env, database_ur
     rows = stages(database_url, job.job_id)
     assert (rows["second"]["status"], rows["second"]["attempt"]) == ("failed", 1)
     assert "interrupted" in rows["second"]["error"]
-    assert (rows["tidy"]["status"], rows["tidy"]["attempt"]) == ("completed", 1)
+    assert (rows["tidy"]["status"], rows["tidy"]["attempt"]) == (
+        "failed" if cleanup_fails else "completed",
+        1,
+    )
+    error = job_row(database_url, job.job_id)["error"]
+    assert error.startswith("cancelled before stage second")
+    assert ("(cleanup also failed: tidy: OSError: the cleanup could not tidy)" in error) is (
+        cleanup_fails
+    )
 
 
 @pytest.mark.parametrize("retry", ["one job", "--all"])

@@ -112,6 +112,8 @@ def third(ctx: Any) -> dict[str, int]:
 def tidy(ctx: Any) -> str:
     record(ctx.job_id, "cleanup")
     time.sleep(float(ctx.payload.get("cleanup_sleep", 0)))
+    if ctx.payload.get("cleanup_fails"):
+        raise OSError("the cleanup could not tidy")
     return "tidied"
 
 

@@ -319,6 +319,7 @@ class Pipeline:
             if row.kind == "stage" and row.status in _OPEN and row.attempt < job.attempt:
                 interrupted = f"the worker running attempt {row.attempt} was lost in {row.stage}"
                 await store.finished(job, row.stage, "failed", error=f"interrupted: {interrupted}")
+                ctx.emit(row.stage, "failed", {"error": f"interrupted: {interrupted}"})
                 row.status = "failed"
 
         # A cancel that came after the claim is met at the first stage boundary, which also
@@ -329,26 +330,20 @@ class Pipeline:
                 settled.error = f"out of attempts: {interrupted}"
             # Cancelled while it waited, or out of attempts after a lost worker: only the
             # cleanup the last attempt owes is left to do.
-            closing = "cancelled" if settled.kind == "cancelled" else "failed"
+            closing: EventStatus = "cancelled" if settled.kind == "cancelled" else "failed"
             for row in rows.values():
                 if row.kind == "stage" and row.status in _OPEN:
                     await store.finished(job, row.stage, closing, error=settled.error)
+                    ctx.emit(row.stage, closing)
             if unclean is not None:
                 errors = await self._run_cleanups(ctx, store, unclean)
                 settled = self._with_cleanup_errors(settled, errors)
             return self._finish(ctx, settled)
+        owed_errors: list[str] = []
         if unclean is not None and unclean < job.attempt:
             # The attempt that ran these stages is over (its worker was lost) and never
             # cleaned up after itself: do it now, before this attempt starts.
-            errors = await self._run_cleanups(ctx, store, unclean)
-            if errors:
-                log.warning(
-                    "job %s: cleanup owed by attempt %d failed (%s); attempt %d goes on",
-                    job.id,
-                    unclean,
-                    "; ".join(errors),
-                    job.attempt,
-                )
+            owed_errors = await self._run_cleanups(ctx, store, unclean)
 
         # Begun by the claim, or by an earlier claim of this attempt (before a snooze, a pause
         # or a hand-back).
@@ -360,7 +355,15 @@ class Pipeline:
             # An attempt cancelled before it began a stage has nothing to clean up: the one
             # before it cleaned up at its end, or as owed just now.
             cancelled = Outcome("cancelled", error=f"cancelled before stage {left[0]}")
-            return self._finish(ctx, cancelled)
+            return self._finish(ctx, self._with_cleanup_errors(cancelled, owed_errors))
+        if owed_errors:
+            log.warning(
+                "job %s: cleanup owed by attempt %d failed (%s); attempt %d goes on",
+                job.id,
+                unclean,
+                "; ".join(owed_errors),
+                job.attempt,
+            )
         outcome = await self._run_stages(ctx, store, rows, began)
         if outcome.kind in ("snoozed", "paused"):
             return outcome  # the attempt goes on later; nothing to clean up yet
@@ -412,11 +415,12 @@ class Pipeline:
                     ctx.emit(stage.name, "skipped", {"reason": "completed in an earlier attempt"})
                 continue
             if ctx.cancelled:  # the stage boundary: a cancel request stops the job here
+                cancelled = Outcome("cancelled", error=f"cancelled before stage {stage.name}")
                 if done is None and not claim_started_it and row and row.status in _OPEN:
                     # Its row is open from before (snoozed, paused, or handed back running).
                     await store.finished(job, stage.name, "cancelled")
-                    ctx.emit(stage.name, "cancelled")
-                return hand_over(Outcome("cancelled", error=f"cancelled before stage {stage.name}"))
+                    cancelled.events.append(ctx.event(stage.name, "cancelled"))
+                return hand_over(cancelled)
             if done is not None:
                 try:
                     age = await store.advance(

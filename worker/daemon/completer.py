@@ -99,10 +99,14 @@ class Completer:
                     self._retry_locked([item for item in batch if item[0] in locked])
                 recorded = [row for row in rows if row[1] is not None]
                 # The events reporting an outcome go out once it is written; those of an
-                # outcome refused (the job is no longer ours) never do.
+                # outcome refused (the job is no longer ours) never do, nor those of a pause
+                # a cancel request overrode (the job went back to run its cleanup).
                 outcomes = {job_id: outcome for job_id, _, outcome in batch}
                 for row in recorded:
-                    for event in outcomes[row[0]].events:
+                    outcome = outcomes[row[0]]
+                    if outcome.kind == "paused" and row[1] != "paused":
+                        continue
+                    for event in outcome.events:
                         self._publish(event)
                 if self._on_recorded is not None:
                     self._on_recorded(recorded)
