@@ -16,7 +16,6 @@ not fail over by itself (point `DATABASE_URL` at a name that follows the primary
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import time
@@ -212,6 +211,7 @@ class Patience:
         self.down_since: float | None = None
         self._up_since = 0.0
         self._answering_since: float | None = None  # statements go through again since then
+        self._last_answer = 0.0
         self._confirming: asyncio.Task[None] | None = None
         self._next_confirm = 0.0
 
@@ -237,11 +237,12 @@ class Patience:
         if self.down_since is None or started < self.down_since:
             return
         now = time.monotonic()
-        if self._answering_since is None:
-            self._answering_since = now
+        if self._answering_since is None or now - self._last_answer > 1.0:
+            self._answering_since = now  # answers a second apart or more are not a stream
         elif now - self._answering_since >= self.SURE_AFTER:
             self._recovered()
             return
+        self._last_answer = now
         if self._confirming is None and now >= self._next_confirm:
             self._confirming = asyncio.create_task(self._confirm_recovery(self.down_since))
 
@@ -272,8 +273,7 @@ class Patience:
         """Stop a confirmation under way (before the pool closes)."""
         if self._confirming is not None:
             self._confirming.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._confirming
+            await asyncio.wait([self._confirming])  # a cancel of the caller still propagates
 
     async def run(self, what: str, op: Callable[[], Awaitable[T]], *, past_stop: bool = False) -> T:
         """Run `op`, again and again while the database is unreachable. Once the worker is
