@@ -368,16 +368,18 @@ def test_stage_completed_under_an_earlier_first_stage_is_not_run_again(
     assert effects(database_url, job.job_id) == ["first", "third", "cleanup"]
 
 
-@pytest.mark.parametrize("then", ["snooze", "pause"])
-def test_cancel_landing_as_a_stage_pauses_or_snoozes_still_ends_cancelled(
+@pytest.mark.parametrize("then", ["snooze", "pause", "fail"])
+def test_cancel_landing_as_a_stage_pauses_snoozes_or_fails_still_ends_cancelled(
     env, database_url, processes, then
 ):
     processes.worker(env, "testtasks")
-    job = Client(database_url).enqueue("cancel_race", {"then": then})
-    # Not left `paused` with a cancel request nobody acts on, nor `pending` for 60 s.
+    job = Client(database_url).enqueue("cancel_race", {"then": then}, max_retries=0)
+    # Not left `paused` with a cancel request nobody acts on, nor `pending` for 60 s, nor
+    # `failed` by its last attempt: a cancel request wins.
     wait_status(database_url, job.job_id, "cancelled", timeout=20)
     assert effects(database_url, job.job_id) == ["ask", "cleanup"]
-    assert stages(database_url, job.job_id)["ask"]["status"] == "cancelled"
+    ended = "failed" if then == "fail" else "cancelled"
+    assert stages(database_url, job.job_id)["ask"]["status"] == ended
 
     def events() -> list[tuple[object, ...]]:
         return query(
@@ -388,7 +390,8 @@ def test_cancel_landing_as_a_stage_pauses_or_snoozes_still_ends_cancelled(
 
     wait_for(lambda: ("job", "cancelled") in events(), message="the final event")
     assert ("ask", "paused") not in events(), "a pause the cancel overrode was reported"
-    assert ("ask", "cancelled") in events()
+    assert ("ask", ended) in events()
+    assert [e for e in events() if e[0] == "job"] == [("job", "cancelled")]
 
 
 def test_cancelling_a_pending_job_is_immediate_and_it_never_runs(env, database_url, processes):

@@ -351,9 +351,9 @@ def late_cleanup(ctx: Any) -> str:
     return "done"
 
 
-# A cancel that lands after the stage's last look at `ctx.cancelled`, just before its pause or
-# snooze is written: the request is set as `worker cancel` sets it, minus the NOTIFY that would
-# tell the running stage.
+# A cancel that lands after the stage's last look at `ctx.cancelled`, just before its pause,
+# snooze or failure is written: the request is set as `worker cancel` sets it, minus the NOTIFY
+# that would tell the running stage.
 raced = Pipeline("cancel_race")
 
 
@@ -363,6 +363,8 @@ def raced_ask(ctx: Any) -> None:
     record(ctx.job_id, "ask")
     if ctx.payload.get("then") == "pause":
         ctx.pause({"question": "go on?"})
+    if ctx.payload.get("then") == "fail":
+        raise RuntimeError("failed as the cancel landed")
     ctx.snooze(60)
 
 

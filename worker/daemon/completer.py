@@ -99,15 +99,12 @@ class Completer:
                     self._retry_locked([item for item in batch if item[0] in locked])
                 recorded = [row for row in rows if row[1] is not None]
                 # The events reporting an outcome go out once it is written; those of an
-                # outcome refused (the job is no longer ours) never do, nor those of a pause
-                # a cancel request overrode (the job went back to run its cleanup).
+                # outcome refused (the job is no longer ours) never do.
                 outcomes = {job_id: outcome for job_id, _, outcome in batch}
-                for row in recorded:
-                    outcome = outcomes[row[0]]
-                    if outcome.kind == "paused" and row[1] != "paused":
-                        continue
-                    for event in outcome.events:
-                        self._publish(event)
+                for job_id, status, *_ in recorded:
+                    for event in outcomes[job_id].events:
+                        if _agrees(event, status):
+                            self._publish(event)
                 if self._on_recorded is not None:
                     self._on_recorded(recorded)
             if not self._locked:
@@ -183,3 +180,11 @@ class Completer:
                 "backoff_max": s.retry_backoff_max,
             },
         )
+
+
+def _agrees(event: ProgressEvent, status: str) -> bool:
+    """Whether an event agrees with the job status written: a cancel request turns a pause, or
+    a last attempt's failure, into `pending` (the job goes back to run its cleanup)."""
+    if event.step == "job" or event.status == "paused":
+        return event.status == status
+    return True
