@@ -554,6 +554,30 @@ def test_stage_deadline_gives_up_with_a_clear_error(env, database_url, processes
     assert stages(database_url, job.job_id)["never_ready"]["status"] == "failed"
 
 
+@pytest.mark.parametrize("lost", ["killed", "stopped"])
+def test_a_stage_that_gave_up_is_not_run_again_when_its_cleanup_is_cut_off(
+    env, database_url, processes, lost
+):
+    """The attempt failed for good before its cleanup ran; the worker is then killed, or
+    stopped with too short a grace, during the cleanup. The next worker runs the cleanup it
+    owes and fails the job with the stage's error; the stage does not run again."""
+    extra = {"WORKER_SHUTDOWN_GRACE": "0.5"}
+    first = processes.worker(env, "testtasks", extra=extra)
+    job = Client(database_url).enqueue("deadlined", {"mode": "sleep", "cleanup_sleep": 10})
+    wait_for(lambda: count(database_url, job.job_id, "cleanup") == 1, message="the cleanup")
+    if lost == "killed":
+        os.killpg(first.pid, signal.SIGKILL)
+    else:
+        first.send_signal(signal.SIGTERM)
+    first.wait(timeout=30)
+    processes.worker(env, "testtasks", extra=extra)  # after the lease (3 s), if killed
+    wait_status(database_url, job.job_id, "failed", timeout=60)
+    assert effects(database_url, job.job_id) == ["try", "cleanup", "cleanup"]
+    row = job_row(database_url, job.job_id)
+    assert row["error"].startswith("stage never_ready failed: StageDeadlineExceeded: ")
+    assert stages(database_url, job.job_id)["deadlined_cleanup"]["status"] == "completed"
+
+
 # -- failing cleanups ---------------------------------------------------------------------
 
 

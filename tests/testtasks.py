@@ -281,6 +281,7 @@ async def deadlined_never_ready(ctx: Any) -> None:
 @deadlined.cleanup(name="deadlined_cleanup")
 def deadlined_cleanup(ctx: Any) -> str:
     record(ctx.job_id, "cleanup")
+    time.sleep(float(ctx.payload.get("cleanup_sleep", 0)))
     return "done"
 
 

@@ -59,6 +59,8 @@ jobs = Table(
     # Pause for a human: the question asked, then the operator's answer.
     Column("question", JSONB, nullable=True),
     Column("answer", JSONB, nullable=True),
+    # A pipeline attempt that failed for good, recorded before its cleanups run (migration 0004).
+    Column("final_error", Text, nullable=True),
     CheckConstraint(f"status IN ({_status_list})", name="jobs_status_valid"),
     CheckConstraint(
         f"char_length(task) BETWEEN 1 AND {MAX_TASK_NAME}", name="jobs_task_name_length"

@@ -130,6 +130,10 @@ class StageStore(Protocol):
         """Record `done` completed with `output` and `stage` running, in one committed write;
         return as `started` does. `NotStorable` if the database refuses `output`."""
 
+    async def failed_for_good(self, job: ClaimedJob, error: str) -> None:
+        """Record that this attempt failed for good, before its cleanups run: should they be
+        cut off, the next claim fails the job with `error` (see `settled_before_start`)."""
+
 
 class StageDeadlineExceeded(Exception):
     """A stage ran (or kept snoozing) past its own deadline; the job fails without a retry."""
@@ -518,6 +522,8 @@ class Pipeline:
         if after is not None and self.cleanups:
             end, after.stage_end = after.stage_end, None
             reported, after.events = after.events, []
+            if self._fails_for_good(ctx, after):
+                await store.failed_for_good(ctx.job, after.error or "failed")
         # Cleanups are not bound by the job's timeout: they must run even after it passed.
         job_deadline, ctx.deadline = ctx.deadline, None
         try:
@@ -532,6 +538,7 @@ class Pipeline:
                         after.kind = "failed"
                         after.error = await _unstorable(ctx, store, end.stage, exc)
                         after.result = after.result_json = None
+                        await store.failed_for_good(ctx.job, after.error)
                         reported = []  # they reported the stage completed
                         await store.started(ctx.job, stage.name, "cleanup", attempt)
                 else:
@@ -566,12 +573,16 @@ class Pipeline:
             ctx.deadline = job_deadline
         return errors
 
+    @staticmethod
+    def _fails_for_good(ctx: Context, outcome: Outcome) -> bool:
+        return outcome.kind == "failed" or (
+            outcome.kind == "retry" and ctx.job.retry_count >= ctx.job.max_retries
+        )
+
     def _finish(self, ctx: Context, outcome: Outcome) -> Outcome:
         ends: dict[str, EventStatus] = {"completed": "completed", "cancelled": "cancelled"}
         final_status = ends.get(outcome.kind)
-        if outcome.kind == "failed" or (
-            outcome.kind == "retry" and ctx.job.retry_count >= ctx.job.max_retries
-        ):
+        if self._fails_for_good(ctx, outcome):
             final_status = "failed"
         if final_status is not None:
             message = {"error": outcome.error.splitlines()[0]} if outcome.error else None

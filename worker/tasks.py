@@ -84,6 +84,8 @@ class ClaimedJob:
     cancel_requested: bool
     answer: JSON
     last_error: str | None
+    # An earlier claim of this attempt failed for good, then was lost in its cleanups.
+    final_error: str | None
     # The claim recorded the first stage of this pipeline job as running: its first run, so
     # it has no other stage rows (see `sql.CLAIM`).
     first_stage_started: bool = False
@@ -280,10 +282,12 @@ async def call(ctx: Context, fn: Callable[..., Any], is_async: bool, *args: Any)
 
 def settled_before_start(job: ClaimedJob, cancelled: bool = False) -> Outcome | None:
     """The outcome of a job that must not run at all: cancelled while it waited (in the queue,
-    or, `cancelled`, claimed ahead of a free slot), or out of attempts after its worker was
-    lost (see `sql.RESCUE`)."""
+    or, `cancelled`, claimed ahead of a free slot), failed for good by an attempt lost in its
+    cleanups, or out of attempts after its worker was lost (see `sql.RESCUE`)."""
     if job.cancel_requested or cancelled:
         return Outcome("cancelled", error="cancelled")
+    if job.final_error is not None:
+        return Outcome("failed", error=job.final_error)
     if job.retry_count > job.max_retries:
         return Outcome("failed", error=job.last_error or "out of attempts")
     return None

@@ -103,6 +103,7 @@ class PgStageStore:
     def __init__(self, pool: AsyncConnectionPool, patience: Patience, worker_id: UUID) -> None:
         self._pool = pool
         self._patience = patience
+        self._worker_id = worker_id
         self._writes = StageWrites(pool, worker_id)  # concurrent jobs' writes share one commit
 
     async def load(self, job_id: str) -> list[StageRow]:
@@ -154,6 +155,19 @@ class PgStageStore:
             attempt=attempt,
         )
         return await self._run("recording a stage end and the next start", write)
+
+    async def failed_for_good(self, job: ClaimedJob, error: str) -> None:
+        params = {
+            "id": job.id,
+            "error": storable_text(error),
+            "worker_id": self._worker_id,
+            "retries": job.retry_count,
+        }
+        rows = await self._patience.run(
+            "recording a failure", lambda: fetch(self._pool, sql.RECORD_FINAL_ERROR, params)
+        )
+        if not rows:
+            raise JobLost(f"this worker no longer holds job {job.id}; the attempt stops here")
 
 
 class JobLost(Exception):

@@ -84,7 +84,7 @@ _CLAIMED = """), claimed AS (
     FROM next WHERE j.id = next.id
     RETURNING j.id, j.task, j.payload, j.queue, j.priority, j.retry_count,
               coalesce(j.max_retries, %(default_max_retries)s) AS max_retries,
-              j.cancel_requested, j.answer, next.error AS last_error
+              j.cancel_requested, j.answer, next.error AS last_error, j.final_error
 ), first_stage AS (
     -- A pipeline job with no stage row yet starts its first stage with the claim: one commit
     -- less per job. Jobs that will not run (as `settled_before_start`) get no row. Only the
@@ -331,7 +331,7 @@ RETURNING id, pg_notify('worker_jobs', queue) IS NULL AS _
 RETRY = """
 WITH job AS (
     UPDATE worker.jobs SET status = 'pending', retry_count = 0, run_at = now(),
-           finished_at = NULL, cancel_requested = false, error = NULL
+           finished_at = NULL, cancel_requested = false, error = NULL, final_error = NULL
     WHERE id = %(id)s AND status IN ('failed', 'cancelled')
     RETURNING id, queue
 ), renumbered AS (
@@ -414,6 +414,15 @@ SELECT b.n, NULL FROM batch AS b
 WHERE NOT EXISTS (SELECT FROM w WHERE w.n = b.n)
   AND EXISTS (SELECT FROM worker.jobs AS j WHERE j.id = b.job AND j.status = 'processing'
               AND j.worker_id = %(worker_id)s AND j.retry_count = b.retries)
+"""
+
+# Safe: guarded as the stage writes are (status, worker_id, the attempt), so only the attempt
+# that holds the job records that it failed for good. Read back by the claim (`final_error`).
+RECORD_FINAL_ERROR = """
+UPDATE worker.jobs SET final_error = %(error)s
+WHERE id = %(id)s AND status = 'processing' AND worker_id = %(worker_id)s
+  AND retry_count = %(retries)s
+RETURNING id
 """
 
 # -- progress events ----------------------------------------------------------------------
@@ -525,7 +534,7 @@ WITH batch AS (
     FOR UPDATE SKIP LOCKED
 ), moved AS (
     UPDATE worker.jobs AS j SET status = 'pending', retry_count = 0, run_at = now(),
-           finished_at = NULL, cancel_requested = false, error = NULL
+           finished_at = NULL, cancel_requested = false, error = NULL, final_error = NULL
     FROM batch WHERE j.id = batch.id
     RETURNING j.id, j.queue
 ), renumbered AS (
