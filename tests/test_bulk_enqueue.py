@@ -80,7 +80,7 @@ def test_enqueue_many_wakes_idle_workers_once_per_queue(database_url):
         (JobSpec("add", {"x": "a\x00b"}), "NUL character"),
         (JobSpec("add", {}, priority=101), "priority must be an integer from -100 to 100"),
         (JobSpec("", {}), "task name"),
-        (JobSpec("add", {}, delay=-1), "delay must be a non-negative number"),
+        (JobSpec("add", {}, delay=-1), "delay must be a number of seconds or a timedelta, from 0"),
         ("add", "expected a JobSpec or a (task, payload) tuple, not str"),
     ],
 )

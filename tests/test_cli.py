@@ -132,6 +132,26 @@ def test_jobs_bad_filters_are_usage_errors(worker_cli, args, message):
     assert message in result.stderr
 
 
+@pytest.mark.parametrize(
+    ("args", "code", "message"),
+    [
+        (("run", "testtasks", "--concurrency", "100000"), 2, "--concurrency: "),
+        (("run", "testtasks", "--queues", ","), 2, "--queues: "),
+        (("prune", "--older-than", "1000000d"), 1, "out of range"),
+        (("jobs", "--page", "1000000000000000000"), 1, "out of range"),
+        (("enqueue", "add", "--delay", "1e13"), 1, "from 0 to 100 years"),
+        (("enqueue", "add", "--max-retries", "3000000000"), 1, "max_retries must be"),
+        (("resume", "00000000-0000-0000-0000-000000000000", "--answer", "NaN"), 1, "answer"),
+    ],
+)
+def test_values_out_of_range_are_one_line_and_write_nothing(
+    database_url, worker_cli, args, code, message
+):
+    result = worker_cli(*args, code=code)
+    assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert query(database_url, "SELECT count(*) FROM worker.jobs") == [(0,)]
+
+
 # -- show --------------------------------------------------------------------------------------
 
 

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
@@ -20,6 +21,7 @@ import worker.client as client_module
 from worker import (
     AsyncClient,
     Client,
+    InvalidJob,
     InvalidTransition,
     Job,
     JobCancelledError,
@@ -379,7 +381,48 @@ def test_blocking_client_refuses_transitions_the_job_is_not_in(database_url):
         client.cancel("00000000-0000-0000-0000-000000000000")
     with pytest.raises(JobNotFound):
         Client(database_url).get("00000000-0000-0000-0000-000000000000").wait_sync()
+    for verb in (client.get, client.cancel, client.retry, client.resume):
+        with pytest.raises(JobNotFound, match="not a job id"):
+            verb("nope")
+    with pytest.raises(InvalidJob, match="answer is not JSON-serialisable"):
+        client.resume(job.job_id, float("nan"))
+    with pytest.raises(InvalidJob, match="WORKER_MAX_PAYLOAD_BYTES"):
+        client.resume(job.job_id, "x" * (client.max_payload_bytes + 1))
+    with pytest.raises(ValueError, match="timeout must be a number"):
+        job.wait_sync(timeout=float("nan"))
     assert status_of(database_url, job.job_id) == "pending"
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"max_retries": 2**31}, "max_retries must be an integer from 0 to 2147483647"),
+        ({"delay": 1e13}, "from 0 to 100 years"),
+        ({"delay": timedelta.max}, "from 0 to 100 years"),
+        ({"run_at": datetime(1, 1, 1, tzinfo=timezone(timedelta(hours=14)))}, "the years 2"),
+        ({"task": "a\x00b"}, "task name"),
+        ({"task": "a\ud800"}, "task name"),
+        ({"queue": "mail\x00"}, "queue name"),
+    ],
+)
+def test_options_past_what_the_database_holds_are_refused_before_anything_is_written(
+    database_url, options, message
+):
+    """Also inside the caller's transaction, which must survive the refusal."""
+    client = Client(database_url)
+    task = options.pop("task", "add")
+    with pytest.raises(InvalidJob, match=message):
+        client.enqueue(task, {}, **options)
+    with pytest.raises(InvalidJob, match=message):
+        client.enqueue_many([JobSpec("add"), JobSpec(task, **options)])
+    with client.engine.begin() as conn:
+        conn.exec_driver_sql("CREATE TABLE orders (id int)")
+        conn.exec_driver_sql("INSERT INTO orders VALUES (42)")
+        with pytest.raises(InvalidJob, match=message):
+            client.enqueue(task, {}, connection=conn, **options)
+        conn.exec_driver_sql("INSERT INTO orders VALUES (43)")  # the transaction goes on
+    assert query(database_url, "SELECT count(*) FROM orders") == [(2,)]
+    assert query(database_url, "SELECT count(*) FROM worker.jobs") == [(0,)]
 
 
 # -- `worker enqueue` ---------------------------------------------------------------------

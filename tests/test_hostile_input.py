@@ -227,6 +227,8 @@ def settings_error(monkeypatch, tmp_path, capsys, values: dict[str, str]) -> str
         ("postgresql://app:hunter2@db:port/app", "has a port that is not a number"),
         ("postgresql://app:hunter2@db:5432", "must name a database"),
         ("not a url at all", "must look like postgresql://"),
+        ("postgresql://app:hunter2%ZZ@db:5432/app", "a bad %-escape"),
+        ("postgresql://app:hunter2@db:5432/app?colour=blue", "an unknown ?option"),
     ],
 )
 def test_malformed_database_url_is_refused_naming_the_variable(
@@ -247,6 +249,7 @@ def test_malformed_database_url_is_refused_naming_the_variable(
         ({"WORKER_MAX_RETRIES": "-3"}, "WORKER_MAX_RETRIES"),
         ({"WORKER_TASK_TIMEOUT": "0"}, "WORKER_TASK_TIMEOUT"),
         ({"WORKER_MAX_PAYLOAD_BYTES": "-1"}, "WORKER_MAX_PAYLOAD_BYTES"),
+        ({"WORKER_RETENTION_DAYS": "1e8"}, "WORKER_RETENTION_DAYS"),
     ],
 )
 def test_bad_settings_are_refused_naming_the_variable(

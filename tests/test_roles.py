@@ -8,6 +8,7 @@ the API token never show in a worker's log or an error line.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import tempfile
@@ -108,6 +109,17 @@ def test_client_role_may_enqueue_and_read_but_not_change_jobs(database_url, logi
     assert query(database_url, "SELECT count(*) FROM worker.jobs WHERE status = 'pending'") == [
         (3,)
     ]
+    # From the command line: said as it is, not taken for a missing schema.
+    done = subprocess.run(
+        [sys.executable, "-m", "worker", "cancel", job.job_id],
+        env={**os.environ, "DATABASE_URL": url},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1, done.stderr
+    assert "the database role may not do this: permission denied" in done.stderr
+    assert "Traceback" not in done.stderr
 
 
 def test_runner_role_runs_a_real_worker(database_url, login_role, processes: Processes):

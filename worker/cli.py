@@ -22,6 +22,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
+from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -83,15 +84,29 @@ def friendly(fn: F) -> F:
             ValueError,
         ) as exc:
             raise fail(scrub(str(exc))) from None
+        except OverflowError as exc:  # a date or duration past what can be represented
+            raise fail(f"out of range: {exc}") from None
         except (psycopg.OperationalError, sqlalchemy.exc.OperationalError) as exc:
-            first = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
-            raise fail(f"cannot reach the database: {scrub(first)}") from None
-        except (psycopg.errors.UndefinedTable, sqlalchemy.exc.ProgrammingError) as exc:
-            if "worker.jobs" in str(exc) or "does not exist" in str(exc):
+            raise fail(f"cannot reach the database: {first_line(exc)}") from None
+        except (psycopg.DataError, sqlalchemy.exc.DataError) as exc:
+            raise fail(f"the database refused a value: {first_line(exc)}") from None
+        except (psycopg.ProgrammingError, sqlalchemy.exc.ProgrammingError) as exc:
+            cause = getattr(exc, "orig", None) or exc
+            if isinstance(cause, psycopg.errors.InsufficientPrivilege):
+                raise fail(f"the database role may not do this: {first_line(exc)}") from None
+            if isinstance(cause, psycopg.errors.UndefinedTable | psycopg.errors.InvalidSchemaName):
                 raise fail("the worker schema is missing: run `worker migrate` first") from None
             raise
 
     return wrapper  # type: ignore[return-value]
+
+
+def first_line(exc: BaseException) -> str:
+    """The database's own words, without the statement SQLAlchemy appends or any password."""
+    from worker.logs import scrub
+
+    text = str(getattr(exc, "orig", None) or exc).strip()
+    return scrub(text.splitlines()[0] if text else type(exc).__name__)
 
 
 def settings() -> Settings:
@@ -123,11 +138,12 @@ def ensure_schema(database: str, *, migrate: bool) -> None:
     import psycopg
 
     from worker.db import migrate as migrations
+    from worker.db.engine import connect_options
 
     if migrate:
         migrations.upgrade(database)
         return
-    with psycopg.connect(database) as conn:
+    with psycopg.connect(database, **connect_options(database, "durable-worker")) as conn:
         found = conn.execute("SELECT to_regclass('worker.jobs')").fetchone()
     if not found or found[0] is None:
         raise CliError("the worker schema is missing: run `worker migrate` first")
@@ -286,10 +302,14 @@ def run(
     from worker.logs import configure
 
     s = settings()
-    if queues is not None:
-        s.queues = [q.strip() for q in queues.split(",") if q.strip()]
-    if concurrency is not None:
-        s.concurrency = concurrency
+    given = {"queues": queues, "concurrency": concurrency}
+    for option, value in given.items():
+        if value is not None:  # the settings' own checks: 1 to 1000 slots, a queue at least
+            try:
+                s = s.model_validate({**s.model_dump(), option: value})
+            except ValidationError as exc:
+                message = str(exc.errors()[0].get("msg", "is invalid"))
+                raise fail(f"--{option}: {message.removeprefix('Value error, ')}", 2) from None
     configure(s.log_level, s.log_format)
     sys.path.insert(0, os.getcwd())
     for name in modules:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import json
 import logging
 import math
 import os
@@ -29,7 +28,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from functools import lru_cache
 from typing import Any
 from uuid import UUID
@@ -41,7 +40,13 @@ from sqlalchemy.orm import Session
 
 from worker.db import sql
 from worker.db.direct import AsyncDirectWrites, DirectWrites
-from worker.db.engine import async_engine, database_url, psycopg_url, sync_engine
+from worker.db.engine import (
+    async_engine,
+    connect_options,
+    database_url,
+    psycopg_url,
+    sync_engine,
+)
 from worker.models import TERMINAL_STATUSES, JobStatus
 from worker.schema import MAX_TASK_NAME, PRIORITY_RANGE
 from worker.settings import get_settings
@@ -119,13 +124,64 @@ delay=60, run_at=None, max_retries=None)
     max_retries: int | None = None
 
 
+# What the columns hold: `max_retries` is a 4-byte integer, and a time a job is due must be
+# one Python can read back (years 1 to 9999), or every listing that shows the job fails.
+MAX_RETRIES_LIMIT = 2**31 - 1
+MAX_DELAY = timedelta(days=365 * 100)
+
+
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _bad_name(value: object, longest: int) -> bool:
+    """Not a name PostgreSQL stores as given: text of 1 to `longest` characters, with no NUL
+    and no half of a surrogate pair."""
+    if not isinstance(value, str) or not 1 <= len(value) <= longest or "\x00" in value:
+        return True
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def _job_id(job_id: str | UUID) -> str:
+    """The id as text; a malformed one names no job (`JobNotFound`), as an unknown one does."""
+    try:
+        return str(job_id if isinstance(job_id, UUID) else UUID(str(job_id)))
+    except ValueError:
+        raise JobNotFound(f"no job {job_id!r}: not a job id") from None
+
+
+def _answer_json(answer: JSON, max_bytes: int) -> str:
+    """A resume answer as stored, refused (`InvalidJob`) before anything is written as a
+    payload would be."""
+    try:
+        text_ = dumps(answer)
+    except NotStorable as exc:
+        raise InvalidJob(f"answer {exc}") from None
+    size = len(text_) if text_.isascii() else len(text_.encode())
+    if size > max_bytes:
+        raise InvalidJob(
+            f"answer is {size} bytes; the limit is {max_bytes} (WORKER_MAX_PAYLOAD_BYTES)"
+        )
+    return text_
+
+
+def _deadline(timeout: float | None) -> float | None:
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or math.isnan(timeout):
+        raise ValueError(f"timeout must be a number of seconds or None, not {timeout!r}")
+    return time.monotonic() + timeout
+
+
 def _validated(spec: JobSpec, max_bytes: int) -> dict[str, Any]:
-    if not isinstance(spec.task, str) or not 1 <= len(spec.task) <= MAX_TASK_NAME:
-        raise InvalidJob(f"task name must be a string of 1 to {MAX_TASK_NAME} characters")
+    if _bad_name(spec.task, MAX_TASK_NAME):
+        raise InvalidJob(
+            f"task name must be a string of 1 to {MAX_TASK_NAME} characters, with no NUL"
+        )
     if not isinstance(spec.payload, dict):
         raise InvalidJob(
             f"payload must be a JSON object (a dict), not {type(spec.payload).__name__}"
@@ -140,25 +196,32 @@ def _validated(spec: JobSpec, max_bytes: int) -> dict[str, Any]:
             f"payload is {size} bytes; the limit is {max_bytes} "
             "(WORKER_MAX_PAYLOAD_BYTES): store large data elsewhere and pass a reference"
         )
-    if not isinstance(spec.queue, str) or not 1 <= len(spec.queue) <= 255:
-        raise InvalidJob("queue name must be a string of 1 to 255 characters")
+    if _bad_name(spec.queue, 255):
+        raise InvalidJob("queue name must be a string of 1 to 255 characters, with no NUL")
     low, high = PRIORITY_RANGE
     if not _is_int(spec.priority) or not low <= spec.priority <= high:
         raise InvalidJob(f"priority must be an integer from {low} to {high}")
-    if spec.max_retries is not None and (not _is_int(spec.max_retries) or spec.max_retries < 0):
-        raise InvalidJob("max_retries must be a non-negative integer")
+    if spec.max_retries is not None and (
+        not _is_int(spec.max_retries) or not 0 <= spec.max_retries <= MAX_RETRIES_LIMIT
+    ):
+        raise InvalidJob(f"max_retries must be an integer from 0 to {MAX_RETRIES_LIMIT}")
     delay = spec.delay.total_seconds() if isinstance(spec.delay, timedelta) else spec.delay
     if (
         not isinstance(delay, int | float)
         or isinstance(delay, bool)
         or not math.isfinite(delay)
-        or delay < 0
+        or not 0 <= delay <= MAX_DELAY.total_seconds()
     ):
-        raise InvalidJob("delay must be a non-negative number of seconds or a timedelta")
-    if spec.run_at is not None and (
-        not isinstance(spec.run_at, datetime) or spec.run_at.tzinfo is None
-    ):
-        raise InvalidJob("run_at must be a timezone-aware datetime (e.g. datetime.now(UTC))")
+        raise InvalidJob("delay must be a number of seconds or a timedelta, from 0 to 100 years")
+    if spec.run_at is not None:
+        if not isinstance(spec.run_at, datetime) or spec.run_at.tzinfo is None:
+            raise InvalidJob("run_at must be a timezone-aware datetime (e.g. datetime.now(UTC))")
+        try:
+            due = spec.run_at.astimezone(UTC)
+        except OverflowError:
+            due = None
+        if due is None or not 1 < due.year < 9999:
+            raise InvalidJob("run_at must fall between the years 2 and 9998")
     return {
         "task": spec.task,
         "payload": text_,
@@ -279,21 +342,27 @@ def _portable(statement: str) -> TextClause:
 
 
 def _parse_duration(value: str | float | timedelta) -> timedelta:
-    """A duration: "30s", "15m", "12h", "7d", "2w", a number of seconds or a timedelta."""
-    if isinstance(value, timedelta):
-        age = value
-    elif isinstance(value, int | float) and not isinstance(value, bool):
-        age = timedelta(seconds=value)
-    elif isinstance(value, str):
-        units = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
-        match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*", value.lower())
-        if match is None:
-            raise ValueError(f"older_than must look like 30s, 15m, 12h, 7d or 2w, not {value!r}")
-        age = timedelta(seconds=float(match[1]) * units.get(match[2] or "s", 1))
-    else:
-        raise ValueError(f"older_than must be a duration, not {type(value).__name__}")
-    if age < timedelta(0):
-        raise ValueError("older_than must not be negative")
+    """A duration: "30s", "15m", "12h", "7d", "2w", a number of seconds or a timedelta, of
+    at most 100 years (past that, a finished time cannot be older)."""
+    try:
+        if isinstance(value, timedelta):
+            age = value
+        elif isinstance(value, int | float) and not isinstance(value, bool):
+            age = timedelta(seconds=value)
+        elif isinstance(value, str):
+            units = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+            match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*", value.lower())
+            if match is None:
+                raise ValueError(
+                    f"older_than must look like 30s, 15m, 12h, 7d or 2w, not {value!r}"
+                )
+            age = timedelta(seconds=float(match[1]) * units.get(match[2] or "s", 1))
+        else:
+            raise ValueError(f"older_than must be a duration, not {type(value).__name__}")
+    except OverflowError:
+        age = MAX_DELAY * 2  # NaN and infinity raise ValueError above
+    if age < timedelta(0) or age > MAX_DELAY:
+        raise ValueError("older_than must be from 0 to 100 years")
     return age
 
 
@@ -392,7 +461,10 @@ class _DoneListener:
         while True:
             try:
                 with psycopg.connect(
-                    self.url, autocommit=True, application_name=LISTENER_NAME
+                    self.url,
+                    autocommit=True,
+                    application_name=LISTENER_NAME,
+                    **connect_options(self.url, LISTENER_NAME),
                 ) as conn:
                     conn.execute("LISTEN worker_done")
                     self.ready.set()
@@ -541,7 +613,7 @@ class Job:
         >>> job.wait_sync(timeout=30)                 # doctest: +SKIP
         3
         """
-        deadline = None if timeout is None else time.monotonic() + timeout
+        deadline = _deadline(timeout)
         client = self._client()
         listener = _listener(client.url)
         woken = threading.Event()
@@ -564,7 +636,7 @@ class Job:
 
         >>> result = await job.wait(timeout=30)       # doctest: +SKIP
         """
-        deadline = None if timeout is None else time.monotonic() + timeout
+        deadline = _deadline(timeout)
         loop = asyncio.get_running_loop()
         woken = asyncio.Event()
 
@@ -795,7 +867,7 @@ class Client:
 
     def get(self, job_id: str | UUID) -> Job:
         """The job's current state, with its stages; `JobNotFound` if there is no such job."""
-        params = {"id": str(job_id)}
+        params = {"id": _job_id(job_id)}
         with self._autocommit.connect() as conn:
             row = conn.exec_driver_sql(sql.GET_JOB, params).fetchone()
             if row is None:
@@ -806,7 +878,7 @@ class Client:
     def cancel(self, job_id: str | UUID) -> JobStatus:
         """Cancel a job: at once if it has not started, else at its next stage boundary.
         Returns the status after the request (a finished job's status is returned as is)."""
-        (row,) = self._run(sql.CANCEL, {"id": str(job_id)})
+        (row,) = self._run(sql.CANCEL, {"id": _job_id(job_id)})
         return _cancel_result(str(job_id), row)
 
     def resume(self, job_id: str | UUID, answer: JSON = None) -> Job:
@@ -814,14 +886,15 @@ class Client:
 
         >>> client.resume(job_id, {"approved": True})     # doctest: +SKIP
         """
-        if not self._run(sql.RESUME, {"id": str(job_id), "answer": json.dumps(answer)}):
+        params = {"id": _job_id(job_id), "answer": _answer_json(answer, self.max_payload_bytes)}
+        if not self._run(sql.RESUME, params):
             status = self.get(job_id).status
             raise InvalidTransition(f"job {job_id} is {status}, not paused: nothing to resume")
         return self.get(job_id)
 
     def retry(self, job_id: str | UUID) -> Job:
         """Run a failed or cancelled job again, with fresh retries."""
-        if not self._run(sql.RETRY, {"id": str(job_id)}):
+        if not self._run(sql.RETRY, {"id": _job_id(job_id)}):
             status = self.get(job_id).status
             raise InvalidTransition(
                 f"job {job_id} is {status}: only failed or cancelled jobs can be retried"
@@ -941,7 +1014,7 @@ class AsyncClient:
 
     async def get(self, job_id: str | UUID) -> Job:
         """See `Client.get`."""
-        params = {"id": str(job_id)}
+        params = {"id": _job_id(job_id)}
         async with self._autocommit.connect() as conn:
             row = (await conn.exec_driver_sql(sql.GET_JOB, params)).fetchone()
             if row is None:
@@ -951,19 +1024,20 @@ class AsyncClient:
 
     async def cancel(self, job_id: str | UUID) -> JobStatus:
         """See `Client.cancel`."""
-        (row,) = await self._run(sql.CANCEL, {"id": str(job_id)})
+        (row,) = await self._run(sql.CANCEL, {"id": _job_id(job_id)})
         return _cancel_result(str(job_id), row)
 
     async def resume(self, job_id: str | UUID, answer: JSON = None) -> Job:
         """See `Client.resume`."""
-        if not await self._run(sql.RESUME, {"id": str(job_id), "answer": json.dumps(answer)}):
+        params = {"id": _job_id(job_id), "answer": _answer_json(answer, self.max_payload_bytes)}
+        if not await self._run(sql.RESUME, params):
             status = (await self.get(job_id)).status
             raise InvalidTransition(f"job {job_id} is {status}, not paused: nothing to resume")
         return await self.get(job_id)
 
     async def retry(self, job_id: str | UUID) -> Job:
         """See `Client.retry`."""
-        if not await self._run(sql.RETRY, {"id": str(job_id)}):
+        if not await self._run(sql.RETRY, {"id": _job_id(job_id)}):
             status = (await self.get(job_id)).status
             raise InvalidTransition(
                 f"job {job_id} is {status}: only failed or cancelled jobs can be retried"

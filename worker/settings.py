@@ -12,6 +12,8 @@ from functools import lru_cache
 from typing import Annotated, Literal
 from urllib.parse import urlsplit
 
+import psycopg
+from psycopg.conninfo import conninfo_to_dict
 from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from pydantic_settings import SettingsError as _SourceError
@@ -43,7 +45,7 @@ class Settings(BaseSettings):
     task_timeout: float | None = Field(default=None, gt=0, alias="WORKER_TASK_TIMEOUT")
     max_payload_bytes: int = Field(default=1_000_000, gt=0, alias="WORKER_MAX_PAYLOAD_BYTES")
     retention_enabled: bool = Field(default=True, alias="WORKER_RETENTION_ENABLED")
-    retention_days: float = Field(default=7.0, gt=0, alias="WORKER_RETENTION_DAYS")
+    retention_days: float = Field(default=7.0, gt=0, le=36500, alias="WORKER_RETENTION_DAYS")
     retention_interval: float = Field(default=300.0, gt=0, alias="WORKER_RETENTION_INTERVAL")
     log_format: Literal["text", "json"] = Field(default="text", alias="WORKER_LOG_FORMAT")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
@@ -76,6 +78,15 @@ class Settings(BaseSettings):
             raise ValueError("has a port that is not a number") from None
         if not parts.path.strip("/") and "host=" not in parts.query:
             raise ValueError("must name a database: postgresql://user:password@host:port/database")
+        try:
+            conninfo_to_dict(f"postgresql{value[len(parts.scheme) :]}")
+        except psycopg.ProgrammingError as exc:
+            # libpq's words quote the offending part, which may be the password: not shown.
+            what = "an unknown ?option" if "query parameter" in str(exc) else "a bad %-escape"
+            raise ValueError(
+                f"is not a URL libpq accepts ({what}; percent-encode special characters in "
+                "the user name and password)"
+            ) from None
         return value
 
     @model_validator(mode="after")

@@ -22,6 +22,8 @@ from typing import Any
 import psycopg
 from psycopg.pq import TransactionStatus
 
+from worker.db.engine import connect_options
+
 Rows = list[tuple[Any, ...]]
 
 # Idle connections kept per client; more run at once only while callers overlap.
@@ -48,6 +50,7 @@ class DirectWrites:
 
     def __init__(self, url: str) -> None:
         self.url = url
+        self._options = {**connect_options(url, APPLICATION_NAME), **_OPTIONS}
         self._idle: list[psycopg.Connection[Any]] = []
         self._lock = threading.Lock()
         self._pid = os.getpid()
@@ -84,7 +87,7 @@ class DirectWrites:
         else:
             self._give(conn)
             return rows
-        conn = psycopg.connect(self.url, **_OPTIONS)
+        conn = psycopg.connect(self.url, **self._options)
         try:
             return _execute(conn, again, params())
         finally:
@@ -102,7 +105,7 @@ class DirectWrites:
                 conn = self._idle.pop()
                 if not conn.closed:
                     return conn
-        return psycopg.connect(self.url, **_OPTIONS)
+        return psycopg.connect(self.url, **self._options)
 
     def _give(self, conn: psycopg.Connection[Any]) -> None:
         if _reusable(conn):
@@ -125,6 +128,7 @@ class AsyncDirectWrites:
 
     def __init__(self, url: str) -> None:
         self.url = url
+        self._options = {**connect_options(url, APPLICATION_NAME), **_OPTIONS}
         # A cursor kept with each connection: making one per call costs more than the call.
         self._idle: list[tuple[psycopg.AsyncCursor[Any], asyncio.AbstractEventLoop]] = []
         self._lock = threading.Lock()
@@ -162,7 +166,7 @@ class AsyncDirectWrites:
         else:
             await self._give(cur)
             return rows
-        cur = (await psycopg.AsyncConnection.connect(self.url, **_OPTIONS)).cursor()
+        cur = (await psycopg.AsyncConnection.connect(self.url, **self._options)).cursor()
         try:
             return await _execute_async(cur, again, params())
         finally:
@@ -197,7 +201,7 @@ class AsyncDirectWrites:
             cur.connection.pgconn.finish()
         if found is not None:
             return found
-        return (await psycopg.AsyncConnection.connect(self.url, **_OPTIONS)).cursor()
+        return (await psycopg.AsyncConnection.connect(self.url, **self._options)).cursor()
 
     async def _give(self, cur: psycopg.AsyncCursor[Any]) -> None:
         if _reusable(cur.connection):
