@@ -63,3 +63,10 @@ def test_settings_are_read_from_dotenv(tmp_path):
     )
     assert proc.returncode == 2
     assert "WORKER_CONCURRENCY" in proc.stderr
+
+
+def test_a_dotenv_that_is_not_utf8_is_one_line_naming_the_file(tmp_path):
+    (tmp_path / ".env").write_bytes(b"WORKER_CONCURRENCY=\xff\xfe4\n")
+    proc = run_worker({"PATH": "/usr/bin:/bin", "WORKER_DATA_DIR": str(tmp_path)}, tmp_path)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == "error: cannot read .env: it is not UTF-8 text"

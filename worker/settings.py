@@ -119,6 +119,8 @@ def get_settings() -> Settings:
         raise SettingsError(f"invalid setting {_describe(exc)}") from None
     except _SourceError as exc:
         raise SettingsError(f"invalid setting: {exc}") from None
+    except UnicodeDecodeError:
+        raise SettingsError("cannot read .env: it is not UTF-8 text") from None
 
 
 def load_settings_or_exit() -> Settings:
