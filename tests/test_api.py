@@ -6,21 +6,26 @@ these tests also protect the promise that progress crosses processes.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import select
 import socket
 import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from conftest import Processes, query, wait_for
+from psycopg import sql as pgsql
 
 from worker import Client
+from worker.api import create_app
 
 TOKEN = "test-token-3f9a"
 
@@ -513,7 +518,11 @@ def test_bad_parameters_get_422_and_unknown_jobs_404(env, database_url, processe
         ]:
             answer = http.get("/jobs", params=params)
             assert answer.status_code == 422 and reason in answer.json()["error"], params
-        bad_resume = http.post(f"/jobs/{job_id}/resume", content=b"{oops")
+        bad_resume = http.post(
+            f"/jobs/{job_id}/resume",
+            content=b"{oops",
+            headers={"Content-Type": "application/json"},
+        )
         assert bad_resume.status_code == 422
         bad_id = http.get(f"/jobs/{job_id}/events", headers={"Last-Event-ID": "abc"})
         assert bad_id.status_code == 422 and "Last-Event-ID" in bad_id.json()["error"]
@@ -581,3 +590,291 @@ def test_api_serves_a_public_address_with_a_token_and_loopback_without(env, proc
         # No token configured (loopback only): actions need none.
         created = http.post("/jobs", json={"task": "add", "payload": {"a": 1, "b": 2}})
         assert created.status_code == 201, created.text
+
+
+# -- cross-site requests, bad values, sizes, privileges, metrics, shutdown ------------------
+
+
+def test_a_tokenless_api_refuses_cross_site_posts_and_takes_same_site_ones(
+    env, database_url, processes: Processes
+):
+    """Without a token, any web page the user opens could POST to the local API: a form or a
+    no-CORS fetch (a non-JSON content type), another site's fetch (a foreign Origin), or a
+    page on a name re-pointed at 127.0.0.1 (a foreign Host)."""
+    api = start_api(env, processes, token=None)
+    port = api.base.rsplit(":", 1)[1]
+    job = json.dumps({"task": "send_email"})
+    pending = Client(database_url).enqueue("add", {"a": 1, "b": 1}).job_id
+    with api.client() as http:
+        for content_type in ("text/plain", "application/x-www-form-urlencoded"):
+            form = http.post("/jobs", content=job, headers={"Content-Type": content_type})
+            assert form.status_code == 415, form.text
+            assert "application/json" in form.json()["error"]
+        untyped = http.post("/jobs", content=job)
+        assert untyped.status_code == 415, untyped.text
+        empty_form = http.post(f"/jobs/{pending}/cancel", headers={"Content-Type": "text/plain"})
+        assert empty_form.status_code == 415, empty_form.text
+        for origin in ("https://evil.example", f"http://evil.example:{port}", "null"):
+            foreign = http.post("/jobs", content=job, headers=_json_from(origin))
+            assert foreign.status_code == 403, (origin, foreign.text)
+            assert "cross-site" in foreign.json()["error"]
+        other_port = http.post("/jobs", content=job, headers=_json_from("http://127.0.0.1:1"))
+        assert other_port.status_code == 403, other_port.text
+        rebound = http.post(
+            "/jobs",
+            content=job,
+            headers={**_json_from(f"http://evil.example:{port}"), "Host": f"evil.example:{port}"},
+        )
+        assert rebound.status_code == 403, rebound.text
+        assert "loopback" in rebound.json()["error"]
+        assert query(database_url, "SELECT count(*) FROM worker.jobs") == [(1,)]
+        assert status_of(database_url, pending) == "pending"
+
+        # The dashboard's own requests: same origin, JSON, "{}" as the body of an action.
+        page = http.get("/").text
+        assert '"Content-Type"] = "application/json"' in page
+        same = http.post("/jobs", content=job, headers=_json_from(api.base))
+        assert same.status_code == 201, same.text
+        by_name = http.post(
+            "/jobs",
+            content=job,
+            headers={**_json_from(f"http://localhost:{port}"), "Host": f"localhost:{port}"},
+        )
+        assert by_name.status_code == 201, by_name.text
+        cancelled = http.post(f"/jobs/{pending}/cancel", content="{}", headers=_json_from(api.base))
+        assert cancelled.status_code == 200, cancelled.text
+        # Programs send no Origin; an action needs no body at all.
+        assert http.post("/jobs", json={"task": "add"}).status_code == 201
+        assert http.post(f"/jobs/{pending}/retry").status_code == 200
+
+
+def _json_from(origin: str) -> dict[str, str]:
+    return {"Origin": origin, "Content-Type": "application/json"}
+
+
+VALUES_THE_DATABASE_CANNOT_HOLD = [
+    ('{"task": "a\\u0000b"}', "task", "NUL"),
+    ('{"task": "add", "queue": "q\\u0000"}', "queue", "NUL"),
+    ('{"task": "a\\ud800b"}', "task", "surrogate"),
+    ('{"task": "add", "payload": {"k": "\\udfff"}}', "payload", "surrogate"),
+    ('{"task": "add", "max_retries": 1099511627776}', "max_retries", "less than or equal"),
+    ('{"task": "add", "delay": 1e300}', "delay", "less than or equal"),
+    ('{"task": "add", "delay": 3e11}', "delay", "less than or equal"),
+    ('{"task": "add", "run_at": "0001-01-01T00:00:00+14:00"}', "run_at", "between the years"),
+    ('{"task": "add", "run_at": "9999-12-31T23:00:00-14:00"}', "run_at", "between the years"),
+    ('{"task": "add", "run_at": "0001-06-01T00:00:00Z"}', "run_at", "between the years"),
+]
+
+
+def test_values_the_database_cannot_hold_get_422_naming_the_field_and_store_nothing(
+    env, database_url, processes: Processes
+):
+    api = start_api(env, processes, extra={"WORKER_MAX_PAYLOAD_BYTES": "1000"})
+    job_id = Client(database_url).enqueue("add", {"a": 1, "b": 1}).job_id
+    headers = {**api.auth(), "Content-Type": "application/json"}
+    with api.client(headers=headers) as http:
+        for body, field_, reason in VALUES_THE_DATABASE_CANNOT_HOLD:
+            answer = http.post("/jobs", content=body)
+            assert answer.status_code == 422, (body, answer.text)
+            error = answer.json()["error"]
+            assert error.startswith(f"invalid body: {field_}:"), (body, error)
+            assert reason in error, (body, error)
+        for body in ('{"task": "add", "delay": 1e400}', '{"task": "add", "payload": {"x": NaN}}'):
+            answer = http.post("/jobs", content=body)
+            assert answer.status_code == 422 and "not valid JSON" in answer.json()["error"], body
+        for name in ("queue", "task"):
+            answer = http.get("/jobs", params={name: "a\x00b"})
+            assert answer.status_code == 422, (name, answer.text)
+            assert answer.json()["error"].startswith(f"invalid {name}:")
+        assert http.get(f"/jobs/{job_id}/events?after={2**63}").status_code == 422
+        resume = f"/jobs/{job_id}/resume"
+        for body, reason in [
+            ('{"answer": NaN}', "not valid JSON"),
+            ('{"answer": [Infinity]}', "not valid JSON"),
+            ('{"answer": "a\\u0000b"}', "answer: value is not storable: it contains a NUL"),
+            (json.dumps({"answer": "x" * 1000}), "answer: is 1002 bytes encoded; the limit is"),
+        ]:
+            answer = http.post(resume, content=body)
+            assert answer.status_code == 422, (body, answer.text)
+            assert reason in answer.json()["error"], (body, answer.json())
+        # Right at the bounds, a job is taken.
+        edge = {"task": "add", "max_retries": 2**31 - 1, "run_at": "9998-12-31T00:00:00Z"}
+        assert http.post("/jobs", json=edge).status_code == 201
+        listed = http.get("/jobs")
+        assert listed.status_code == 200, listed.text
+    rows = query(database_url, "SELECT count(*), max(run_at) < '10000-01-01' FROM worker.jobs")
+    assert rows == [(2, True)]
+    assert query(database_url, "SELECT answer FROM worker.jobs WHERE id = %s", (job_id,)) == [
+        (None,)
+    ]
+    assert "Traceback" not in api.log()
+
+
+def test_a_value_the_database_refuses_is_a_json_422_not_a_500(
+    env, database_url, processes: Processes
+):
+    """A row written by SQL with a due time Python cannot read (year 11533) used to turn
+    every listing into a text/plain 500."""
+    api = start_api(env, processes)
+    (row,) = query(
+        database_url,
+        "INSERT INTO worker.jobs (task, run_at) VALUES ('far', '11533-01-01T00:00:00Z') "
+        "RETURNING id",
+    )
+    with api.client() as http:
+        for path in ("/jobs", f"/jobs/{row[0]}"):
+            answer = http.get(path)
+            assert answer.status_code == 422, (path, answer.text)
+            assert answer.headers["content-type"] == "application/json"
+            assert "refused by the database" in answer.json()["error"], answer.text
+    assert "Traceback" not in api.log()
+
+
+def _raw_request(base: str, head: str, chunks: Iterable[bytes] = ()) -> tuple[str, float]:
+    """Send `head`, then `chunks` until the server answers; its answer, and how long it
+    took."""
+    host, port = base.removeprefix("http://").split(":")
+    started = time.monotonic()
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(head.encode())
+        for chunk in chunks:
+            if select.select([sock], [], [], 0.005)[0]:
+                break  # answered already
+            sock.sendall(chunk)
+        answer = b""
+        while not _complete(answer):
+            data = sock.recv(65536)
+            if not data:
+                break
+            answer += data
+    return answer.decode(errors="replace"), time.monotonic() - started
+
+
+def _complete(answer: bytes) -> bool:
+    head, found, body = answer.partition(b"\r\n\r\n")
+    if not found:
+        return False
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            return len(body) >= int(value)
+    return False
+
+
+def test_a_body_over_twice_the_payload_limit_is_refused_with_413_before_it_is_read(
+    env, database_url, processes: Processes
+):
+    api = start_api(env, processes, extra={"WORKER_MAX_PAYLOAD_BYTES": "1000"})
+    auth = f"Authorization: Bearer {TOKEN}\r\nContent-Type: application/json\r\n"
+    # 66 MB announced and never sent: the answer comes at once, from the length alone.
+    answer, took = _raw_request(
+        api.base,
+        f"POST /jobs HTTP/1.1\r\nHost: 127.0.0.1\r\n{auth}Content-Length: 66000000\r\n\r\n",
+    )
+    assert answer.startswith("HTTP/1.1 413"), answer
+    assert "WORKER_MAX_PAYLOAD_BYTES" in answer and took < 5
+    # Chunked: no length announced, so it is counted as it arrives.
+    chunks = [b'{"task": "add", "payload": {"s": "'] + [b"x" * 8192] * 20
+    framed = (f"{len(c):x}\r\n".encode() + c + b"\r\n" for c in chunks)
+    answer, took = _raw_request(
+        api.base,
+        f"POST /jobs HTTP/1.1\r\nHost: 127.0.0.1\r\n{auth}Transfer-Encoding: chunked\r\n\r\n",
+        framed,
+    )
+    assert answer.startswith("HTTP/1.1 413"), answer
+    with api.client(headers=api.auth()) as http:
+        # Within the body limit but over the payload limit: the payload check names it.
+        over = http.post("/jobs", json={"task": "add", "payload": {"s": "x" * 1500}})
+        assert over.status_code == 422 and "WORKER_MAX_PAYLOAD_BYTES" in over.json()["error"]
+        fits = http.post("/jobs", json={"task": "add", "payload": {"s": "é" * 300}})
+        assert fits.status_code == 201, fits.text
+    assert query(database_url, "SELECT count(*) FROM worker.jobs") == [(1,)]
+    assert api.proc.poll() is None
+
+
+def test_metrics_are_served_at_slash_metrics_like_the_other_reads(
+    env, database_url, processes: Processes
+):
+    api = start_api(env, processes)
+    Client(database_url).enqueue("add", {"a": 1, "b": 1}, queue="emails")
+    with api.client() as http:
+        answer = http.get("/metrics")
+    assert answer.status_code == 200, answer.text
+    assert answer.headers["content-type"].startswith("text/plain")
+    lines = answer.text.splitlines()
+    assert "durable_worker_database_up 1.0" in lines
+    assert 'durable_worker_jobs{queue="emails",status="pending"} 1.0' in lines
+
+
+@pytest.fixture
+def client_login(database_url: str) -> Iterator[str]:
+    """A login in the README's `worker_client` role (enqueue and read only); its URL."""
+    name, password = f"t_{uuid.uuid4().hex[:10]}", uuid.uuid4().hex
+    query(
+        database_url,
+        pgsql.SQL("CREATE ROLE {} LOGIN PASSWORD {} IN ROLE worker_client").format(
+            pgsql.Identifier(name), pgsql.Literal(password)
+        ),
+    )
+    scheme, rest = database_url.split("://", 1)
+    yield f"{scheme}://{name}:{password}@{rest.split('@', 1)[1]}"
+    query(
+        database_url,
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s",
+        (name,),
+    )
+    query(database_url, pgsql.SQL("DROP OWNED BY {}").format(pgsql.Identifier(name)))
+    query(database_url, pgsql.SQL("DROP ROLE {}").format(pgsql.Identifier(name)))
+
+
+def test_a_database_role_that_may_not_change_jobs_gets_403_not_a_500(
+    env, database_url, client_login: str, processes: Processes
+):
+    api = start_api({**env, "DATABASE_URL": client_login}, processes)
+    client = Client(database_url)
+    failed = client.enqueue("add").job_id
+    query(database_url, "UPDATE worker.jobs SET status = 'failed' WHERE id = %s", (failed,))
+    with api.client(headers=api.auth()) as http:
+        created = http.post("/jobs", json={"task": "add"})
+        assert created.status_code == 201, created.text  # worker_client may enqueue
+        job_id = created.json()["id"]
+        for path, body in [
+            (f"/jobs/{job_id}/cancel", None),
+            (f"/jobs/{failed}/retry", None),
+            (f"/jobs/{job_id}/resume", {"answer": 1}),
+        ]:
+            refused = http.post(path, json=body)
+            assert refused.status_code == 403, (path, refused.text)
+            assert "database role may not change jobs" in refused.json()["error"]
+        assert http.get(f"/jobs/{job_id}").json()["status"] == "pending"
+    assert status_of(database_url, failed) == "failed"
+    assert "Traceback" not in api.log()
+    api.proc.kill()
+    api.proc.wait(timeout=10)
+
+
+def test_shutdown_closes_every_connection_the_app_opened(database_url):
+    def others() -> int:
+        rows = query(
+            database_url,
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND pid <> pg_backend_pid()",
+        )
+        return int(rows[0][0])  # type: ignore[call-overload]
+
+    app = create_app(database_url, TOKEN)
+
+    async def serve_and_stop() -> int:
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app=app)
+            auth = {"Authorization": f"Bearer {TOKEN}"}
+            async with httpx.AsyncClient(
+                transport=transport, base_url="http://127.0.0.1", headers=auth
+            ) as http:
+                created = await http.post("/jobs", json={"task": "add"})  # a direct connection
+                assert created.status_code == 201, created.text
+                assert (await http.get("/jobs")).status_code == 200  # the engine's pool
+            return others()
+
+    assert asyncio.run(serve_and_stop()) >= 2
+    wait_for(lambda: others() == 0, timeout=10, message="the app's connections to close")

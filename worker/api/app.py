@@ -4,27 +4,35 @@
     app = create_app("postgresql://localhost/app", token="s3cret")   # any ASGI server runs it
 
 Reads are open; every request that changes something (`POST`) needs
-`Authorization: Bearer <token>` when a token is configured. Errors are JSON
-(`{"error": "..."}`): 401/403 for a missing or wrong token, 404 for an unknown job, 409 for an
-action the job's status does not allow, 422 for a bad body or parameter (naming it), 503 while
-the database is unreachable.
+`Authorization: Bearer <token>` when a token is configured, and a JSON body (or none). Without a
+token, a `POST` is accepted only when addressed to a loopback host and, if it carries an
+`Origin`, from a page of that same host: a web page elsewhere cannot change jobs through the
+browser of someone who runs the API locally. Errors are JSON (`{"error": "..."}`): 401/403
+for a missing or wrong token, 403 for a cross-site request or a database role that may not
+change jobs, 404 for an unknown job, 409 for an action the job's status does not allow, 413 for
+a body over the limit, 415 for a body that is not JSON, 422 for a bad body or parameter
+(naming it) or a value the database refuses, 503 while the database is unreachable.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import contextlib
 import hmac
 import json
 import logging
+import math
 from collections.abc import AsyncIterator
 from datetime import datetime
 from importlib import metadata, resources
 from typing import Any
+from urllib.parse import urlsplit
 from uuid import UUID
 
 import psycopg
+import psycopg.errors
 import sqlalchemy.exc
 from psycopg_pool import PoolTimeout
 from pydantic import BaseModel, ValidationError
@@ -47,11 +55,13 @@ from worker.api.schemas import (
     ResumeBody,
     Stats,
 )
+from worker.api.server import is_loopback
 from worker.api.stream import job_event_stream
 from worker.client import AsyncClient, InvalidJob, InvalidTransition, JobNotFound
 from worker.db import sql
 from worker.events import PostgresBus, ProgressBus
 from worker.logs import scrub
+from worker.metrics import asgi_app
 from worker.models import JobStatus
 from worker.schema import STATUSES
 
@@ -64,6 +74,14 @@ _CSP = (
     "default-src 'self'; script-src 'self' 'unsafe-inline'; style-src 'self' 'unsafe-inline'; "
     "img-src 'self' data:; connect-src 'self'; frame-ancestors 'none'"
 )
+# A body holds one payload or answer (at most WORKER_MAX_PAYLOAD_BYTES encoded) plus a few
+# fields; JSON may spell the same text up to twice as long (escapes), and then some.
+BODY_SLACK_BYTES = 64 * 1024
+# Bodies above this are parsed off the event loop, so other requests do not wait on them.
+PARSE_INLINE_BYTES = 64 * 1024
+# Event ids are bigint: a larger Last-Event-ID would make the stream's read fail every time.
+MAX_EVENT_ID = 2**63 - 1
+_DEFAULT_PORTS = {"http": 80, "https": 443}
 # Errors that mean "the database is not reachable right now", not "this request is wrong".
 UNAVAILABLE = (
     psycopg.OperationalError,
@@ -143,27 +161,86 @@ def _decode_cursor(cursor: str) -> tuple[datetime, str]:
         raise ApiError(422, "invalid cursor: pass the next_cursor of a previous page") from None
 
 
-def _int_param(value: str | None, name: str, low: int, high: int | None = None) -> int | None:
+def _int_param(value: str | None, name: str, low: int, high: int) -> int | None:
     if value is None or value == "":
         return None
     try:
         number = int(value)
     except ValueError:
-        raise ApiError(422, f"invalid {name}: {value!r} is not an integer") from None
-    if number < low or (high is not None and number > high):
-        bound = f"from {low} to {high}" if high is not None else f"at least {low}"
-        raise ApiError(422, f"invalid {name}: must be {bound}, not {number}")
+        raise ApiError(422, f"invalid {name}: {value[:40]!r} is not an integer") from None
+    if not low <= number <= high:
+        raise ApiError(422, f"invalid {name}: must be from {low} to {high}, not {number}")
     return number
 
 
-async def _body(request: Request) -> Any:
-    raw = await request.body()
-    if not raw.strip():
+def _text_param(value: str | None, name: str) -> str | None:
+    if not value:
         return None
+    if "\x00" in value:
+        # psycopg cannot send it, and PostgreSQL text could not hold it: no job has it.
+        raise ApiError(422, f"invalid {name}: must not contain a NUL character (%00)")
+    return value
+
+
+def _is_json(content_type: str) -> bool:
+    return content_type.partition(";")[0].strip().lower() == "application/json"
+
+
+def _port(port: int | None, scheme: str) -> int | None:
+    return port if port is not None else _DEFAULT_PORTS.get(scheme)
+
+
+def _same_host(origin: str, host: str) -> bool:
+    """Whether a browser's `Origin` names the host (and port) the request was sent to. Only
+    the scheme's default port is assumed, so a TLS proxy in front (https outside, http here)
+    still matches."""
     try:
-        return json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ApiError(422, f"invalid body: not valid JSON ({exc})") from None
+        page = urlsplit(origin)
+        target = urlsplit(f"//{host}")
+        return (
+            page.scheme in _DEFAULT_PORTS
+            and page.hostname is not None
+            and page.hostname == target.hostname
+            and _port(page.port, page.scheme) == _port(target.port, page.scheme)
+        )
+    except ValueError:  # a port that is not a number, a malformed IPv6 literal
+        return False
+
+
+def _finite(text: str) -> float:
+    number = float(text)
+    if not math.isfinite(number):
+        raise ValueError(f"number {text[:40]} is too large for a float")
+    return number
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _parse(raw: bytes) -> Any:
+    try:
+        # NaN, Infinity and 1e400 are not JSON, and `jsonb` stores none of them.
+        value = json.loads(raw, parse_float=_finite, parse_constant=_no_constant)
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError too
+        reason = "nested too deeply" if isinstance(exc, RecursionError) else exc
+        raise ApiError(422, f"invalid body: not valid JSON ({reason})") from None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            try:
+                # Only a `\ud800`-style escape makes such text; it would not encode for the
+                # database (nor for our own answer, if it were echoed).
+                json.dumps({key: item}, ensure_ascii=False).encode()
+            except UnicodeEncodeError:
+                name = key if key.isascii() else "a field name"
+                raise ApiError(
+                    422,
+                    f"invalid body: {name}: contains half of a UTF-16 surrogate pair, "
+                    "which cannot be stored",
+                ) from None
+            except (ValueError, RecursionError):
+                pass  # the field's own check names it
+    return value
 
 
 class _Api:
@@ -173,8 +250,39 @@ class _Api:
         self.client = AsyncClient(url)
         self.token = token or None
         self.bus = bus
+        self.max_payload_bytes = self.client.max_payload_bytes
+        self.max_body_bytes = 2 * self.max_payload_bytes + BODY_SLACK_BYTES
 
     # -- helpers ----------------------------------------------------------------------------
+
+    def guard(self, request: Request) -> None:
+        """What every `POST` must pass before its body is read."""
+        if self.token is None:
+            self.same_site(request)
+        self.authorize(request)
+        content_type = request.headers.get("content-type")
+        if content_type is not None and not _is_json(content_type):
+            raise ApiError(415, "the body must be JSON, sent with Content-Type: application/json")
+
+    def same_site(self, request: Request) -> None:
+        """Without a token, a browser is the way in: any page it shows can send a `POST`
+        here (a form, or `fetch` without CORS), and a page on a name the attacker re-points at
+        127.0.0.1 (DNS rebinding) even looks same-origin. So the request must be addressed to
+        a loopback host, and come from a page of that host if it says where it came from."""
+        host = request.headers.get("host", "")
+        try:
+            name = urlsplit(f"//{host}").hostname
+        except ValueError:
+            name = None
+        if host and (name is None or not is_loopback(name)):
+            raise ApiError(
+                403,
+                "this API has no token (WORKER_API_TOKEN), so it takes actions only addressed "
+                "to a loopback host such as 127.0.0.1 or localhost",
+            )
+        origin = request.headers.get("origin")
+        if origin is not None and not _same_host(origin, host):
+            raise ApiError(403, "cross-site request refused: the Origin is not this API's host")
 
     def authorize(self, request: Request) -> None:
         if self.token is None:
@@ -189,6 +297,33 @@ class _Api:
             )
         if not hmac.compare_digest(given.strip().encode(), self.token.encode()):
             raise ApiError(403, "wrong bearer token")
+
+    async def body(self, request: Request) -> Any:
+        """The request's JSON body (None when empty), refused with a 413 past the limit."""
+        too_large = ApiError(
+            413,
+            f"the body is larger than {self.max_body_bytes} bytes "
+            f"(twice WORKER_MAX_PAYLOAD_BYTES, {self.max_payload_bytes}, and some)",
+        )
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > self.max_body_bytes:
+            raise too_large  # before a byte of it is read
+        chunks: list[bytes] = []
+        size = 0
+        # Counted as it arrives as well: a chunked body declares no length.
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > self.max_body_bytes:
+                raise too_large
+            chunks.append(chunk)
+        raw = b"".join(chunks)
+        if not raw.strip():
+            return None
+        if "content-type" not in request.headers:
+            raise ApiError(415, "the body must be JSON, sent with Content-Type: application/json")
+        if len(raw) > PARSE_INLINE_BYTES:
+            return await asyncio.to_thread(_parse, raw)
+        return _parse(raw)
 
     async def status_of(self, job_id: str) -> JobStatus | None:
         async with self.client.engine.connect() as conn:
@@ -253,15 +388,15 @@ class _Api:
             raise ApiError(422, f"unknown query parameter: {', '.join(sorted(unknown))}")
         status = q.get("status") or None
         if status is not None and status not in STATUSES:
-            raise ApiError(422, f"invalid status: {status!r}; one of {', '.join(STATUSES)}")
+            raise ApiError(422, f"invalid status: {status[:40]!r}; one of {', '.join(STATUSES)}")
         limit = _int_param(q.get("limit"), "limit", 1, MAX_PAGE) or DEFAULT_PAGE
         before_at, before_id = (None, None)
         if q.get("cursor"):
             before_at, before_id = _decode_cursor(q["cursor"])
         params = {
             "status": status,
-            "queue": q.get("queue") or None,
-            "task": q.get("task") or None,
+            "queue": _text_param(q.get("queue"), "queue"),
+            "task": _text_param(q.get("task"), "task"),
             "before_at": before_at,
             "before_id": before_id,
             "older": None,
@@ -293,14 +428,16 @@ class _Api:
         return _json(JobPage(jobs=jobs, next_cursor=cursor))
 
     async def enqueue(self, request: Request) -> Response:
-        self.authorize(request)
-        body = await _body(request)
+        self.guard(request)
+        body = await self.body(request)
         if not isinstance(body, dict):
             raise ApiError(422, "invalid body: expected a JSON object with at least a task")
         try:
             spec = EnqueueBody.model_validate_json(json.dumps(body))
         except ValidationError as exc:
             raise _invalid(exc, "body") from None
+        except RecursionError:
+            raise ApiError(422, "invalid body: payload: nested too deeply") from None
         try:
             job = await self.client.enqueue(
                 spec.task,
@@ -319,7 +456,8 @@ class _Api:
         return await self.job_out(_job_id(request))
 
     async def cancel(self, request: Request) -> Response:
-        self.authorize(request)
+        self.guard(request)
+        await self.body(request)  # none is expected; still bounded, and JSON if any
         job_id = _job_id(request)
         try:
             status = await self.client.cancel(job_id)
@@ -332,11 +470,14 @@ class _Api:
         )
 
     async def resume(self, request: Request) -> Response:
-        self.authorize(request)
+        self.guard(request)
         job_id = _job_id(request)
-        body = await _body(request)
+        body = await self.body(request)
         try:
-            answer = ResumeBody.model_validate(body if body is not None else {}).answer
+            answer = ResumeBody.model_validate(
+                body if body is not None else {},
+                context={"max_bytes": self.max_payload_bytes},
+            ).answer
         except ValidationError as exc:
             raise _invalid(exc, "body") from None
         try:
@@ -345,10 +486,13 @@ class _Api:
             raise ApiError(404, f"no job {job_id}") from None
         except InvalidTransition as exc:
             raise ApiError(409, str(exc)) from None
+        except InvalidJob as exc:
+            raise ApiError(422, f"invalid body: {exc}") from None
         return _json(JobOut.of(job))
 
     async def retry(self, request: Request) -> Response:
-        self.authorize(request)
+        self.guard(request)
+        await self.body(request)  # none is expected; still bounded, and JSON if any
         job_id = _job_id(request)
         try:
             job = await self.client.retry(job_id)
@@ -360,9 +504,9 @@ class _Api:
 
     async def events(self, request: Request) -> Response:
         job_id = _job_id(request)
-        after = _int_param(request.headers.get("last-event-id"), "Last-Event-ID", 0)
+        after = _int_param(request.headers.get("last-event-id"), "Last-Event-ID", 0, MAX_EVENT_ID)
         if after is None:
-            after = _int_param(request.query_params.get("after"), "after", 0)
+            after = _int_param(request.query_params.get("after"), "after", 0, MAX_EVENT_ID)
         if await self.status_of(job_id) is None:
             raise ApiError(404, f"no job {job_id}")
         return StreamingResponse(
@@ -395,7 +539,27 @@ async def _unavailable(request: Request, exc: Exception) -> Response:
     return _error(503, f"database unavailable: {_first_line(exc)}", headers={"Retry-After": "2"})
 
 
+async def _bad_data(request: Request, exc: Exception) -> Response:
+    # A value the database (or psycopg on its way there or back) refuses: NUL in text, a number
+    # or a time out of its column's range. The statement failed, so nothing was written.
+    log.info(
+        "%s %s refused by the database: %s", request.method, request.url.path, _first_line(exc)
+    )
+    return _error(422, f"invalid value, refused by the database: {_first_line(exc)}")
+
+
+async def _not_permitted(request: Request, exc: Exception) -> Response:
+    what = "change jobs" if request.method == "POST" else "read this"
+    return _error(
+        403,
+        f"the API's database role may not {what} ({_first_line(exc)}); changing jobs needs "
+        "the worker_runner role",
+    )
+
+
 async def _programming(request: Request, exc: Exception) -> Response:
+    if isinstance(getattr(exc, "orig", None), psycopg.errors.InsufficientPrivilege):
+        return await _not_permitted(request, exc)
     if "does not exist" in str(exc):
         return _error(503, "the worker schema is missing: run `worker migrate`")
     log.exception("request %s %s failed", request.method, request.url.path, exc_info=exc)
@@ -420,14 +584,19 @@ def create_app(url: str, token: str | None = None, *, bus: ProgressBus | None = 
         try:
             yield
         finally:
-            await api.bus.aclose()
-            await api.client.engine.dispose()
+            try:
+                await api.bus.aclose()
+            finally:
+                # The client's direct connections (enqueues) as well as its engine's pool.
+                await api.client.close()
 
     routes = [
         Route("/", api.dashboard, methods=["GET"]),
         Route("/openapi.json", api.openapi, methods=["GET"]),
         Route("/healthz", api.healthz, methods=["GET"]),
         Route("/stats", api.stats, methods=["GET"]),
+        # Read like the other GETs: open, whether or not the API has a token.
+        Route("/metrics", asgi_app(url), methods=["GET"]),
         Route("/jobs", api.list_jobs, methods=["GET"]),
         Route("/jobs", api.enqueue, methods=["POST"]),
         Route("/jobs/{id}", api.get_job, methods=["GET"]),
@@ -441,6 +610,9 @@ def create_app(url: str, token: str | None = None, *, bus: ProgressBus | None = 
         HTTPException: _http_error,
         sqlalchemy.exc.ProgrammingError: _programming,
         psycopg.ProgrammingError: _programming,
+        psycopg.errors.InsufficientPrivilege: _not_permitted,
+        sqlalchemy.exc.DataError: _bad_data,
+        psycopg.DataError: _bad_data,
         **dict.fromkeys(UNAVAILABLE, _unavailable),
     }
     app = Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan)

@@ -62,6 +62,12 @@ OPERATIONS = [
     ),
     Operation(
         "get",
+        "/metrics",
+        "Prometheus metrics: the queue's database series",
+        "text/plain",
+    ),
+    Operation(
+        "get",
         "/jobs",
         "List jobs, newest first (keyset-paginated)",
         JobPage,
@@ -190,7 +196,13 @@ def build_spec(version: str) -> dict[str, Any]:
         errors = dict(op.errors)
         if op.mutates:
             errors[401] = "No bearer token given (WORKER_API_TOKEN is set)."
-            errors[403] = "Wrong bearer token."
+            errors[403] = (
+                "Wrong bearer token; without a token, a request not addressed to a loopback "
+                "host or from another site's page; or a database role that may not change jobs."
+            )
+            errors[413] = "The body is over twice WORKER_MAX_PAYLOAD_BYTES."
+            errors[415] = "A body that is not sent as application/json."
+            errors.setdefault(422, "A value the database refuses.")
         for code, text in sorted(errors.items()):
             responses[str(code)] = {
                 "description": text,

@@ -2,14 +2,56 @@
 
 from __future__ import annotations
 
-from datetime import datetime
-from typing import Any
+from datetime import UTC, datetime
+from typing import Annotated, Any
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+from pydantic import (
+    AfterValidator,
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+)
 
 from worker.client import Job
 from worker.models import JobStatus
 from worker.schema import MAX_TASK_NAME, PRIORITY_RANGE
+from worker.tasks import NotStorable, dumps
+
+# The bounds of what the columns hold, the same the client checks (`client._validated`), so a
+# request is refused naming its field before anything reaches the database: `max_retries` is a
+# 4-byte integer, and a job's due time must be one Python reads back (years 1 to 9999), or
+# every listing that shows the job fails.
+MAX_RETRIES = 2**31 - 1
+MAX_DELAY_SECONDS = 100 * 365 * 86400.0
+RUN_AT_YEARS = (2, 9998)
+
+
+def _storable_name(value: str) -> str:
+    # PostgreSQL text holds neither NUL nor half a surrogate pair (which JSON can spell `\ud800`).
+    if "\x00" in value:
+        raise ValueError("must not contain a NUL character (\\u0000)")
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        raise ValueError("must not contain half of a UTF-16 surrogate pair") from None
+    return value
+
+
+def _due_time(value: datetime) -> datetime:
+    low, high = RUN_AT_YEARS
+    try:
+        year = value.astimezone(UTC).year
+    except OverflowError:  # year 1 east of UTC, or 9999 west of it, is outside Python's range
+        year = 0
+    if not low <= year <= high:
+        raise ValueError(f"must fall between the years {low} and {high} (UTC)")
+    return value
+
+
+Name = Annotated[str, AfterValidator(_storable_name)]
 
 
 class EnqueueBody(BaseModel):
@@ -17,25 +59,56 @@ class EnqueueBody(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    task: str = Field(min_length=1, max_length=MAX_TASK_NAME, examples=["send_email"])
+    task: Name = Field(min_length=1, max_length=MAX_TASK_NAME, examples=["send_email"])
     payload: dict[str, Any] = Field(default_factory=dict, examples=[{"to": "ada@example.com"}])
-    queue: str = Field(default="default", min_length=1, max_length=255)
+    queue: Name = Field(default="default", min_length=1, max_length=255)
     priority: int = Field(default=0, ge=PRIORITY_RANGE[0], le=PRIORITY_RANGE[1])
-    delay: float = Field(default=0.0, ge=0, description="Seconds before the job may run.")
-    run_at: AwareDatetime | None = Field(
-        default=None, description="When the job may run (ISO 8601 with a time zone)."
+    delay: float = Field(
+        default=0.0,
+        ge=0,
+        le=MAX_DELAY_SECONDS,
+        allow_inf_nan=False,
+        description="Seconds before the job may run (at most 100 years).",
+    )
+    run_at: Annotated[AwareDatetime, AfterValidator(_due_time)] | None = Field(
+        default=None,
+        description=(
+            f"When the job may run (ISO 8601 with a time zone, years {RUN_AT_YEARS[0]} to "
+            f"{RUN_AT_YEARS[1]})."
+        ),
     )
     max_retries: int | None = Field(
-        default=None, ge=0, description="Unset: the worker's WORKER_MAX_RETRIES applies."
+        default=None,
+        ge=0,
+        le=MAX_RETRIES,
+        description="Unset: the worker's WORKER_MAX_RETRIES applies.",
     )
 
 
 class ResumeBody(BaseModel):
-    """`POST /jobs/{id}/resume`: the answer to the paused job's question (any JSON)."""
+    """`POST /jobs/{id}/resume`: the answer to the paused job's question (any JSON that
+    `jsonb` stores, no larger than WORKER_MAX_PAYLOAD_BYTES encoded)."""
 
     model_config = ConfigDict(extra="forbid")
 
     answer: Any = None
+
+    @field_validator("answer")
+    @classmethod
+    def _storable(cls, value: Any, info: ValidationInfo) -> Any:
+        try:
+            text = dumps(value)
+        except NotStorable as exc:
+            raise ValueError(f"value {exc}") from None
+        # Validated with the limit in the context; without one (e.g. building the spec) only
+        # what `jsonb` refuses is checked.
+        limit = (info.context or {}).get("max_bytes")
+        size = len(text) if text.isascii() else len(text.encode())
+        if limit is not None and size > limit:
+            raise ValueError(
+                f"is {size} bytes encoded; the limit is {limit} (WORKER_MAX_PAYLOAD_BYTES)"
+            )
+        return value
 
 
 class StageOut(BaseModel):
