@@ -128,6 +128,7 @@ delay=60, run_at=None, max_retries=None)
 # one Python can read back (years 1 to 9999), or every listing that shows the job fails.
 MAX_RETRIES_LIMIT = 2**31 - 1
 MAX_DELAY = timedelta(days=365 * 100)
+RUN_AT_YEARS = (2, 9998)  # in UTC
 
 
 def _is_int(value: object) -> bool:
@@ -154,17 +155,17 @@ def _job_id(job_id: str | UUID) -> str:
         raise JobNotFound(f"no job {job_id!r}: not a job id") from None
 
 
-def _answer_json(answer: JSON, max_bytes: int) -> str:
-    """A resume answer as stored, refused (`InvalidJob`) before anything is written as a
-    payload would be."""
+def _stored_json(value: JSON, what: str, max_bytes: int, hint: str = "") -> str:
+    """`value` as the JSON text stored, or `InvalidJob` naming `what` is wrong with it: not
+    storable, or over `max_bytes` (WORKER_MAX_PAYLOAD_BYTES)."""
     try:
-        text_ = dumps(answer)
+        text_ = dumps(value)
     except NotStorable as exc:
-        raise InvalidJob(f"answer {exc}") from None
+        raise InvalidJob(f"{what} {exc}") from None
     size = len(text_) if text_.isascii() else len(text_.encode())
     if size > max_bytes:
         raise InvalidJob(
-            f"answer is {size} bytes; the limit is {max_bytes} (WORKER_MAX_PAYLOAD_BYTES)"
+            f"{what} is {size} bytes; the limit is {max_bytes} (WORKER_MAX_PAYLOAD_BYTES){hint}"
         )
     return text_
 
@@ -186,16 +187,8 @@ def _validated(spec: JobSpec, max_bytes: int) -> dict[str, Any]:
         raise InvalidJob(
             f"payload must be a JSON object (a dict), not {type(spec.payload).__name__}"
         )
-    try:
-        text_ = dumps(spec.payload)
-    except NotStorable as exc:
-        raise InvalidJob(f"payload {exc}") from None
-    size = len(text_) if text_.isascii() else len(text_.encode())
-    if size > max_bytes:
-        raise InvalidJob(
-            f"payload is {size} bytes; the limit is {max_bytes} "
-            "(WORKER_MAX_PAYLOAD_BYTES): store large data elsewhere and pass a reference"
-        )
+    hint = ": store large data elsewhere and pass a reference"
+    text_ = _stored_json(spec.payload, "payload", max_bytes, hint)
     if _bad_name(spec.queue, 255):
         raise InvalidJob("queue name must be a string of 1 to 255 characters, with no NUL")
     low, high = PRIORITY_RANGE
@@ -220,8 +213,9 @@ def _validated(spec: JobSpec, max_bytes: int) -> dict[str, Any]:
             due = spec.run_at.astimezone(UTC)
         except OverflowError:
             due = None
-        if due is None or not 1 < due.year < 9999:
-            raise InvalidJob("run_at must fall between the years 2 and 9998")
+        low, high = RUN_AT_YEARS
+        if due is None or not low <= due.year <= high:
+            raise InvalidJob(f"run_at must fall between the years {low} and {high}")
     return {
         "task": spec.task,
         "payload": text_,
@@ -886,7 +880,10 @@ class Client:
 
         >>> client.resume(job_id, {"approved": True})     # doctest: +SKIP
         """
-        params = {"id": _job_id(job_id), "answer": _answer_json(answer, self.max_payload_bytes)}
+        params = {
+            "id": _job_id(job_id),
+            "answer": _stored_json(answer, "answer", self.max_payload_bytes),
+        }
         if not self._run(sql.RESUME, params):
             status = self.get(job_id).status
             raise InvalidTransition(f"job {job_id} is {status}, not paused: nothing to resume")
@@ -1029,7 +1026,10 @@ class AsyncClient:
 
     async def resume(self, job_id: str | UUID, answer: JSON = None) -> Job:
         """See `Client.resume`."""
-        params = {"id": _job_id(job_id), "answer": _answer_json(answer, self.max_payload_bytes)}
+        params = {
+            "id": _job_id(job_id),
+            "answer": _stored_json(answer, "answer", self.max_payload_bytes),
+        }
         if not await self._run(sql.RESUME, params):
             status = (await self.get(job_id)).status
             raise InvalidTransition(f"job {job_id} is {status}, not paused: nothing to resume")

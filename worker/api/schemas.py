@@ -15,18 +15,14 @@ from pydantic import (
     field_validator,
 )
 
-from worker.client import Job
+from worker.client import MAX_DELAY, MAX_RETRIES_LIMIT, RUN_AT_YEARS, Job
 from worker.models import JobStatus
 from worker.schema import MAX_TASK_NAME, PRIORITY_RANGE
 from worker.tasks import NotStorable, dumps
 
-# The bounds of what the columns hold, the same the client checks (`client._validated`), so a
-# request is refused naming its field before anything reaches the database: `max_retries` is a
-# 4-byte integer, and a job's due time must be one Python reads back (years 1 to 9999), or
-# every listing that shows the job fails.
-MAX_RETRIES = 2**31 - 1
-MAX_DELAY_SECONDS = 100 * 365 * 86400.0
-RUN_AT_YEARS = (2, 9998)
+# The bounds of what the columns hold, the client's own (`client._validated`), checked here too
+# so that a request is refused naming its field before anything reaches the database.
+MAX_DELAY_SECONDS = MAX_DELAY.total_seconds()
 
 
 def _storable_name(value: str) -> str:
@@ -80,7 +76,7 @@ class EnqueueBody(BaseModel):
     max_retries: int | None = Field(
         default=None,
         ge=0,
-        le=MAX_RETRIES,
+        le=MAX_RETRIES_LIMIT,
         description="Unset: the worker's WORKER_MAX_RETRIES applies.",
     )
 

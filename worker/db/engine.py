@@ -70,25 +70,22 @@ def redact(url: str) -> str:
     return re.sub(r"(://[^:/@]+):[^@]*@", r"\1:***@", url)
 
 
-# A client's sessions are bounded as the daemon's are: a server that stops answering, or a
-# network that drops without a word, fails a call instead of hanging it.
+def _engine_options(url: str) -> dict[str, Any]:
+    # A client's sessions are bounded as the daemon's are: a server that stops answering, or
+    # a network that drops without a word, fails a call instead of hanging it.
+    return {
+        "pool_pre_ping": True,
+        "pool_size": 5,
+        "max_overflow": 5,
+        "connect_args": connect_options(url, "durable-worker-client"),
+    }
+
+
 @lru_cache(maxsize=8)
 def sync_engine(url: str) -> Engine:
-    return create_engine(
-        sqlalchemy_url(url),
-        pool_pre_ping=True,
-        pool_size=5,
-        max_overflow=5,
-        connect_args=connect_options(url, "durable-worker-client"),
-    )
+    return create_engine(sqlalchemy_url(url), **_engine_options(url))
 
 
 @lru_cache(maxsize=8)
 def async_engine(url: str) -> AsyncEngine:
-    return create_async_engine(
-        sqlalchemy_url(url),
-        pool_pre_ping=True,
-        pool_size=5,
-        max_overflow=5,
-        connect_args=connect_options(url, "durable-worker-client"),
-    )
+    return create_async_engine(sqlalchemy_url(url), **_engine_options(url))
