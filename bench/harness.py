@@ -338,7 +338,8 @@ def postmaster_of(admin_dsn: str) -> int | None:
     """The PID of the server's postmaster when it runs on this machine, else None."""
     with psycopg.connect(admin_dsn, autocommit=True) as c:
         row = c.execute("SELECT pg_backend_pid()").fetchone()
-    stat = _proc_stat(row[0]) if row else None
+        # Read while the session lives: once closed, its backend exits and its entry goes.
+        stat = _proc_stat(row[0]) if row else None
     if stat is None:  # a server elsewhere: its backend's PID means nothing here
         return None
     parent = int(stat[1])
