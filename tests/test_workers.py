@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import time
+from collections.abc import AsyncIterator
 
 import pytest
 from conftest import Processes, query, wait_for
@@ -168,6 +170,24 @@ def test_jobs_claimed_ahead_go_back_to_the_queue_when_slots_stay_busy(env, datab
     assert slow.wait_sync(timeout=20) == "done"
 
 
+@contextlib.asynccontextmanager
+async def one_slot_worker(
+    url: str, registry: dict[str, Task]
+) -> AsyncIterator[tuple[Worker, AsyncClient]]:
+    """A worker of one slot in this process (so a test can look inside it), and a client; the
+    test's body has 30 s."""
+    worker = Worker(url, Settings(DATABASE_URL=url, WORKER_CONCURRENCY=1), registry=registry)
+    running = asyncio.create_task(worker.run())
+    client = AsyncClient(url)
+    try:
+        async with asyncio.timeout(30):
+            yield worker, client
+    finally:
+        worker.request_stop()
+        await running
+        await client.close()
+
+
 LISTENING = (
     "SELECT 1 FROM pg_stat_activity WHERE application_name = 'durable-worker-listener' "
     "AND query = 'LISTEN worker_cancel'"
@@ -195,22 +215,13 @@ def test_a_cancel_heard_before_its_claims_answer_still_stops_the_job(database_ur
         async def quick(payload: dict[str, object]) -> None:
             ran.append("victim")
 
-        settings = Settings(DATABASE_URL=database_url, WORKER_CONCURRENCY=1)
         registry = {"quick": Task("quick", quick, is_async=True)}
-        worker = Worker(database_url, settings, registry=registry)
-        running = asyncio.create_task(worker.run())
-        client = AsyncClient(database_url)
-        try:
-            async with asyncio.timeout(30):
-                while not query(database_url, LISTENING):
-                    await asyncio.sleep(0.01)
-                victim = await client.enqueue("quick", {})
-                with pytest.raises(JobCancelledError):
-                    await victim.wait()
-        finally:
-            worker.request_stop()
-            await running
-            await client.close()
+        async with one_slot_worker(database_url, registry) as (_, client):
+            while not query(database_url, LISTENING):
+                await asyncio.sleep(0.01)
+            victim = await client.enqueue("quick", {})
+            with pytest.raises(JobCancelledError):
+                await victim.wait()
 
     asyncio.run(main())
     assert ran == []
@@ -236,34 +247,25 @@ def test_job_cancelled_while_claimed_ahead_never_runs(database_url, monkeypatch,
             "slow": Task("slow", slow, is_async=True),
             "quick": Task("quick", quick, is_async=True),
         }
-        settings = Settings(DATABASE_URL=database_url, WORKER_CONCURRENCY=1)
-        worker = Worker(database_url, settings, registry=registry)
-        running = asyncio.create_task(worker.run())
-        client = AsyncClient(database_url)
-        try:
-            async with asyncio.timeout(30):
-                for i in range(3):  # quick jobs: the worker starts claiming a job ahead
-                    await (await client.enqueue("quick", {"key": f"warm-up {i}"})).wait()
-                blocker, victim = await client.enqueue_many(
-                    [
-                        JobSpec("slow", priority=10),
-                        JobSpec(victim_task, {"key": "victim"}, priority=5),
-                    ]
-                )
-                while not any(str(job.id) == victim.job_id for job, _ in worker._ahead):
-                    await asyncio.sleep(0.002)
-                # Claimed, so the request is all a cancel can do; the worker hears of it.
-                assert await client.cancel(victim.job_id) == JobStatus.PROCESSING
-                while not worker._inflight[victim.job_id].is_set():
-                    await asyncio.sleep(0.002)
-                release.set()
-                await blocker.wait()
-                with pytest.raises(JobCancelledError):
-                    await victim.wait()
-        finally:
-            worker.request_stop()
-            await running
-            await client.close()
+        async with one_slot_worker(database_url, registry) as (worker, client):
+            for i in range(3):  # quick jobs: the worker starts claiming a job ahead
+                await (await client.enqueue("quick", {"key": f"warm-up {i}"})).wait()
+            blocker, victim = await client.enqueue_many(
+                [
+                    JobSpec("slow", priority=10),
+                    JobSpec(victim_task, {"key": "victim"}, priority=5),
+                ]
+            )
+            while not any(str(job.id) == victim.job_id for job, _ in worker._ahead):
+                await asyncio.sleep(0.002)
+            # Claimed, so the request is all a cancel can do; the worker hears of it.
+            assert await client.cancel(victim.job_id) == JobStatus.PROCESSING
+            while not worker._inflight[victim.job_id].is_set():
+                await asyncio.sleep(0.002)
+            release.set()
+            await blocker.wait()
+            with pytest.raises(JobCancelledError):
+                await victim.wait()
 
     asyncio.run(main())
     assert ran == [f"warm-up {i}" for i in range(3)]

@@ -135,16 +135,32 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _bad_name(value: object, longest: int) -> bool:
-    """Not a name PostgreSQL stores as given: text of 1 to `longest` characters, with no NUL
-    and no half of a surrogate pair."""
-    if not isinstance(value, str) or not 1 <= len(value) <= longest or "\x00" in value:
-        return True
+def text_problem(value: str) -> str | None:
+    """Why PostgreSQL would not store `value` as given (text holds neither NUL nor half a
+    surrogate pair), or None. The API's request checks call it too."""
+    if "\x00" in value:
+        return "must not contain a NUL character (\\u0000)"
     try:
         value.encode()
     except UnicodeEncodeError:
+        return "must not contain half of a UTF-16 surrogate pair"
+    return None
+
+
+def run_at_problem(run_at: datetime) -> str | None:
+    """Why a due time could not be read back (outside `RUN_AT_YEARS` in UTC), or None."""
+    low, high = RUN_AT_YEARS
+    try:
+        year = run_at.astimezone(UTC).year
+    except OverflowError:  # year 1 east of UTC, or 9999 west of it, is outside Python's range
+        year = 0
+    return None if low <= year <= high else f"must fall between the years {low} and {high}"
+
+
+def _bad_name(value: object, longest: int) -> bool:
+    if not isinstance(value, str) or not 1 <= len(value) <= longest:
         return True
-    return False
+    return text_problem(value) is not None
 
 
 def _job_id(job_id: str | UUID) -> str:
@@ -209,13 +225,9 @@ def _validated(spec: JobSpec, max_bytes: int) -> dict[str, Any]:
     if spec.run_at is not None:
         if not isinstance(spec.run_at, datetime) or spec.run_at.tzinfo is None:
             raise InvalidJob("run_at must be a timezone-aware datetime (e.g. datetime.now(UTC))")
-        try:
-            due = spec.run_at.astimezone(UTC)
-        except OverflowError:
-            due = None
-        low, high = RUN_AT_YEARS
-        if due is None or not low <= due.year <= high:
-            raise InvalidJob(f"run_at must fall between the years {low} and {high}")
+        problem = run_at_problem(spec.run_at)
+        if problem is not None:
+            raise InvalidJob(f"run_at {problem}")
     return {
         "task": spec.task,
         "payload": text_,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Annotated, Any
 
 from pydantic import (
@@ -15,7 +15,14 @@ from pydantic import (
     field_validator,
 )
 
-from worker.client import MAX_DELAY, MAX_RETRIES_LIMIT, RUN_AT_YEARS, Job
+from worker.client import (
+    MAX_DELAY,
+    MAX_RETRIES_LIMIT,
+    RUN_AT_YEARS,
+    Job,
+    run_at_problem,
+    text_problem,
+)
 from worker.models import JobStatus
 from worker.schema import MAX_TASK_NAME, PRIORITY_RANGE
 from worker.tasks import NotStorable, dumps
@@ -26,24 +33,16 @@ MAX_DELAY_SECONDS = MAX_DELAY.total_seconds()
 
 
 def _storable_name(value: str) -> str:
-    # PostgreSQL text holds neither NUL nor half a surrogate pair (which JSON can spell `\ud800`).
-    if "\x00" in value:
-        raise ValueError("must not contain a NUL character (\\u0000)")
-    try:
-        value.encode()
-    except UnicodeEncodeError:
-        raise ValueError("must not contain half of a UTF-16 surrogate pair") from None
+    problem = text_problem(value)
+    if problem is not None:
+        raise ValueError(problem)
     return value
 
 
 def _due_time(value: datetime) -> datetime:
-    low, high = RUN_AT_YEARS
-    try:
-        year = value.astimezone(UTC).year
-    except OverflowError:  # year 1 east of UTC, or 9999 west of it, is outside Python's range
-        year = 0
-    if not low <= year <= high:
-        raise ValueError(f"must fall between the years {low} and {high} (UTC)")
+    problem = run_at_problem(value)
+    if problem is not None:
+        raise ValueError(f"{problem} (UTC)")
     return value
 
 
