@@ -358,6 +358,16 @@ def test_async_task_past_its_timeout_is_retried_then_failed_with_a_clear_error(
     assert (done["finished"] - done["started"]).total_seconds() < 10  # type: ignore[operator]
 
 
+def test_a_tasks_own_timeout_error_is_not_reported_as_its_timeout(database_url, processes):
+    url = database_url
+    processes.worker(worker_env(url), TASKS)
+    job_id = insert(url, "upstream_timeout", "{}", max_retries=0)
+    wait_until(lambda: status(url, job_id) == "failed", 60, "the job to fail")
+    error = str(job(url, job_id)["error"])
+    assert "TimeoutError: the upstream did not answer" in error
+    assert "ran past its timeout" not in error
+
+
 def test_worker_task_timeout_setting_applies_to_tasks_without_their_own(database_url, processes):
     url = database_url
     processes.worker(worker_env(url, WORKER_TASK_TIMEOUT="1"), TASKS)

@@ -634,6 +634,25 @@ def test_crash_recovery_runs_the_owed_cleanup_before_the_next_attempt(env, datab
     assert job_row(database_url, job.job_id)["retry_count"] == 1
 
 
+def test_an_owed_sync_cleanup_past_its_deadline_does_not_cancel_the_job(
+    env, database_url, processes
+):
+    """The owed cleanup's thread is told to stop, and the next attempt runs: a deadline
+    reached is that cleanup's failure, not a cancel request for its job."""
+    client = Client(database_url)
+    job = client.enqueue("slow_tidy", {"work_sleep": 30})
+    doomed = processes.worker(env, "testtasks")
+    wait_for(lambda: count(database_url, job.job_id, "work") == 1, message="work to start")
+    os.killpg(doomed.pid, signal.SIGKILL)
+    doomed.wait(timeout=10)
+    processes.worker(env, "testtasks")  # recovers the job once the lease (3 s) runs out
+    assert job.wait_sync(timeout=60) == "worked"
+    wait_for(lambda: len(effects(database_url, job.job_id)) == 5, message="the thread's note")
+    seen = effects(database_url, job.job_id)
+    assert "told to stop" in seen
+    assert [e for e in seen if e != "told to stop"] == ["work", "cleanup", "work", "cleanup"]
+
+
 @pytest.mark.parametrize("cleanup_fails", [False, True])
 def test_a_cancel_during_an_owed_cleanup_runs_that_cleanup_once(
     env, database_url, processes, cleanup_fails

@@ -395,3 +395,25 @@ def bad_result_only(ctx: Any) -> dict[str, str]:
 def bad_result_cleanup(ctx: Any) -> str:
     record(ctx.job_id, "cleanup")
     return "done"
+
+
+# A sync cleanup that outlives its deadline the first time it runs, and notes whether its
+# thread was told to stop once the job stopped waiting for it.
+slow_tidy = Pipeline("slow_tidy")
+
+
+@slow_tidy.stage(name="work")
+def slow_tidy_work(ctx: Any) -> str:
+    record(ctx.job_id, "work")
+    if ctx.attempt == 1:
+        time.sleep(float(ctx.payload.get("work_sleep", 0)))
+    return "worked"
+
+
+@slow_tidy.cleanup(name="tidy_slowly", deadline=0.5)
+def slow_tidy_cleanup(ctx: Any) -> str:
+    record(ctx.job_id, "cleanup")
+    if effects_of(ctx.job_id, "cleanup") == 1:
+        time.sleep(1.5)
+        record(ctx.job_id, "told to stop" if ctx.cancelled else "not told")
+    return "tidied"

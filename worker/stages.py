@@ -505,8 +505,6 @@ class Pipeline:
         except TimeoutError:
             if not limit.expired():
                 raise  # the stage's own TimeoutError, not its deadline
-            if not stage.is_async:
-                ctx.cancel_event.set()  # a thread cannot be stopped, only told
             raise StageDeadlineExceeded(
                 f"stage {stage.name} gave up: still running {stage.deadline} s after it "
                 f"first started (its deadline)"

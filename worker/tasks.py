@@ -164,8 +164,10 @@ class Context:
 
     @property
     def cancelled(self) -> bool:
-        """True once a cancel was requested; long stages check it and stop early."""
-        return self.cancel_event.is_set()
+        """True once a cancel was requested; long stages check it and stop early. In a sync
+        function's thread, also once the job stopped waiting for it (it ran past a deadline)."""
+        told = getattr(_abandoned, "event", None)
+        return self.cancel_event.is_set() or (told is not None and told.is_set())
 
     def raise_if_cancelled(self) -> None:
         if self.cancelled:
@@ -253,21 +255,39 @@ class TaskTimeout(Exception):
     """The job ran past its timeout (`@task(timeout=...)` or `WORKER_TASK_TIMEOUT`)."""
 
 
+# In a sync function's thread: set once nobody waits for the call any more. Per call, not per
+# job, so a stage abandoned at its deadline does not read as the job's cancel request.
+_abandoned = threading.local()
+
+
+def _told(abandoned: threading.Event, fn: Callable[..., Any], *args: Any) -> Any:
+    _abandoned.event = abandoned
+    try:
+        return fn(*args)
+    finally:
+        _abandoned.event = None
+
+
 async def call(ctx: Context, fn: Callable[..., Any], is_async: bool, *args: Any) -> Any:
     """Run user code: `async` on the loop, sync in a worker thread, within the job's deadline.
 
-    A sync function past its deadline cannot be stopped; it is told through `ctx.cancelled`
-    and its thread keeps its slot until it returns (the daemon reports it).
+    A sync function whose call is given up (past the job's or its stage's deadline, or at
+    shutdown) cannot be stopped; its `ctx.cancelled` turns true, and its thread keeps its slot
+    until it returns (the daemon reports it).
     """
-    work = fn(*args) if is_async else ctx.runtime.in_thread(fn, *args)
+    abandoned = None if is_async else threading.Event()
+    work = fn(*args) if abandoned is None else ctx.runtime.in_thread(_told, abandoned, fn, *args)
+    limit = None
     try:
         if ctx.deadline is None:
             return await work
-        try:
-            return await asyncio.wait_for(work, max(ctx.deadline - time.monotonic(), 0.0))
-        except TimeoutError:
-            ctx.cancel_event.set()
-            raise TaskTimeout(f"job {ctx.job_id} ({ctx.job.task}) ran past its timeout") from None
+        limit = asyncio.timeout(max(ctx.deadline - time.monotonic(), 0.0))
+        async with limit:
+            return await work
+    except TimeoutError:
+        if limit is None or not limit.expired():
+            raise  # the code's own TimeoutError, not the job's timeout
+        raise TaskTimeout(f"job {ctx.job_id} ({ctx.job.task}) ran past its timeout") from None
     except asyncio.CancelledError as exc:
         task = asyncio.current_task()
         if task is not None and task.cancelling():
@@ -278,6 +298,9 @@ async def call(ctx: Context, fn: Callable[..., Any], is_async: bool, *args: Any)
             "the code raised asyncio.CancelledError while its job was not cancelled (a future "
             "or task it awaited was cancelled)"
         ) from exc
+    finally:
+        if abandoned is not None:
+            abandoned.set()  # a thread still running is told; one that returned never looks
 
 
 def settled_before_start(job: ClaimedJob, cancelled: bool = False) -> Outcome | None:

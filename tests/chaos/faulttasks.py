@@ -102,6 +102,12 @@ async def slow_async(payload: dict[str, Any]) -> str:
     return "should have timed out"
 
 
+@task(timeout=30.0)
+def upstream_timeout(payload: dict[str, Any]) -> str:
+    """Raises a TimeoutError of its own long before its job's timeout."""
+    raise TimeoutError("the upstream did not answer")
+
+
 @task(timeout=1.0)
 def stuck_sync(payload: dict[str, Any], ctx: Context) -> str:
     """Ignores its cancel flag: a thread cannot be stopped from outside."""
