@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 import time
 
+import psycopg
 import pytest
 from conftest import Processes, query, wait_for
 
 from worker import Client, InvalidJob, JobFailed, JobStatus
+from worker.db import sql
 
 
 def status_of(url: str, job_id: str) -> str:
@@ -59,6 +61,9 @@ def test_worker_runs_only_its_queues_highest_priority_first(env, database_url, p
     ]
     for key, queue, priority in jobs:
         client.enqueue("effect", {"key": key}, queue=queue, priority=priority)
+    for queue in ("emails", "reports"):  # not due yet: they wait, whatever their priority
+        for priority in (10, 5, 0):
+            client.enqueue("effect", {"key": "later"}, queue=queue, priority=priority, delay=3600)
     mine = [job for job in jobs if job[1] in queues.split(",")]
     processes.worker(env, "testtasks", extra={"WORKER_QUEUES": queues, "WORKER_CONCURRENCY": "1"})
     ran = "SELECT job FROM effects ORDER BY at"
@@ -70,7 +75,44 @@ def test_worker_runs_only_its_queues_highest_priority_first(env, database_url, p
     expected = sorted(mine, key=lambda job: (-job[2], mine.index(job)))
     assert [row[0] for row in query(database_url, ran)] == [key for key, _, _ in expected]
     pending = "SELECT count(*) FROM worker.jobs WHERE status = 'pending'"
-    assert query(database_url, pending) == [(len(jobs) - len(mine),)]
+    assert query(database_url, pending) == [(len(jobs) - len(mine) + 6,)]
+
+
+@pytest.mark.parametrize("statement", ["CLAIM_ONE_QUEUE", "CLAIM"])
+def test_a_claim_does_not_walk_the_jobs_due_later(database_url, statement):
+    """With 60,000 jobs due tomorrow (at three priorities) and two due now, a claim reads a
+    few index pages per priority, not the whole queue."""
+    query(
+        database_url,
+        "INSERT INTO worker.jobs (task, priority, run_at) SELECT 'later', g % 3, "
+        "now() + interval '1 day' + g * interval '1 ms' FROM generate_series(1, 60000) AS g",
+    )
+    query(database_url, "INSERT INTO worker.jobs (task, priority) VALUES ('now', 1), ('now', 0)")
+    query(database_url, "VACUUM ANALYZE worker.jobs")
+    worker_id = query(
+        database_url,
+        "INSERT INTO worker.workers (id, hostname, pid, queues, concurrency) "
+        "VALUES (gen_random_uuid(), 'test', 1, '{default}', 10) RETURNING id",
+    )[0][0]
+    params = {
+        "worker_id": worker_id,
+        "queues": ["default"],
+        "running": [],
+        "limit": 10,
+        "default_max_retries": 3,
+        "pipelines": [],
+        "first_stages": [],
+    }
+    with psycopg.connect(database_url) as conn:
+        explain = "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + getattr(sql, statement)
+        ((plan,),) = conn.execute(explain, params).fetchall()
+        conn.rollback()
+
+    top = plan[0]["Plan"]
+    assert top["Actual Rows"] == 2  # the two due jobs were claimed
+    # The later jobs fill about 260 index pages and 380 table pages; one pass over either
+    # would read them all.
+    assert top["Shared Hit Blocks"] + top["Shared Read Blocks"] < 200
 
 
 def test_unknown_task_fails_at_once_without_retries(env, database_url, processes):

@@ -105,40 +105,55 @@ FROM claimed AS c JOIN next ON next.id = c.id
 ORDER BY next.priority DESC, next.run_at
 """
 
+def _due(queue: str) -> str:
+    """The due pending jobs of one queue in claim order (priority, then due time), locked.
+
+    One short scan of jobs_runnable_idx per priority present, highest first, each stopping at
+    the first job not due yet; the next priority is found by one index probe, and only if the
+    ones before held too few due jobs. One ordered scan of the whole queue instead walked every
+    job due later before it gave up (9 ms per claim with 200,000 jobs due tomorrow). Priorities
+    are bounded (`PRIORITY_RANGE`), and so are the probes.
+    """
+    return f"""
+    WITH RECURSIVE level AS (
+        (SELECT priority FROM worker.jobs
+         WHERE status = 'pending' AND queue = {queue} ORDER BY priority DESC LIMIT 1)
+        UNION ALL
+        SELECT (SELECT j.priority FROM worker.jobs AS j
+                WHERE j.status = 'pending' AND j.queue = {queue} AND j.priority < level.priority
+                ORDER BY j.priority DESC LIMIT 1)
+        FROM level WHERE level.priority IS NOT NULL
+    )
+    SELECT d.* FROM level CROSS JOIN LATERAL (
+        SELECT id, priority, run_at, error FROM worker.jobs AS j
+        WHERE j.status = 'pending' AND j.queue = {queue} AND j.priority = level.priority
+          AND j.run_at <= now() AND j.id <> ALL(%(running)s::uuid[])
+          AND EXISTS (SELECT FROM lease)
+        ORDER BY j.run_at
+        LIMIT %(limit)s
+        FOR UPDATE SKIP LOCKED
+    ) AS d
+    LIMIT %(limit)s"""
+
+
 # Safe: SKIP LOCKED gives each pending row to exactly one claimer; the CTE fences the LIMIT
-# before the UPDATE, so a worker never takes more jobs than it has free slots.
+# before the UPDATE, so a worker never takes more jobs than it has free slots, and a priority
+# is only scanned while that LIMIT is not met, so no row beyond it is locked.
 # A job this worker still runs is skipped (`running`): after a missed lease a rescued job
 # waits for its old attempt here to end, or goes to another worker; never two attempts at once.
-# A worker of one queue (the usual case) claims with one ordered scan of jobs_runnable_idx:
-# on an idle queue its round trip is about 0.8 ms shorter than the several-queue form's.
-CLAIM_ONE_QUEUE = (
-    _LEASE
-    + """, next AS (
-    SELECT id, priority, run_at, error FROM worker.jobs
-    WHERE status = 'pending' AND queue = (%(queues)s::text[])[1] AND run_at <= now()
-      AND id <> ALL(%(running)s::uuid[]) AND EXISTS (SELECT FROM lease)
-    ORDER BY priority DESC, run_at
-    LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
-"""
-    + _CLAIMED
-)
+# A worker of one queue (the usual case) claims with the scans of that queue alone: on an idle
+# queue its round trip is about 0.8 ms shorter than the several-queue form's.
+CLAIM_ONE_QUEUE = _LEASE + ", next AS (" + _due("(%(queues)s::text[])[1]") + _CLAIMED
 
-# The same for a worker of several queues: one ordered scan of jobs_runnable_idx per queue
-# (`queue = ANY(...)` cannot use the index order, and sorting every pending row made each claim
-# cost O(backlog): 50 ms vs 0.6 ms at 10,000 pending). Rows a queue locked beyond the outer
-# LIMIT are released at commit.
+# The same for a worker of several queues: the scans of each queue (`queue = ANY(...)` cannot
+# use the index order, and sorting every pending row made each claim cost O(backlog): 50 ms vs
+# 0.6 ms at 10,000 pending). Rows a queue locked beyond the outer LIMIT are released at commit.
 CLAIM = (
     _LEASE
     + """, next AS (
-    SELECT c.id, c.priority, c.run_at, c.error FROM unnest(%(queues)s::text[]) AS q(name)
-    CROSS JOIN LATERAL (
-        SELECT id, priority, run_at, error FROM worker.jobs
-        WHERE status = 'pending' AND queue = q.name AND run_at <= now()
-          AND id <> ALL(%(running)s::uuid[]) AND EXISTS (SELECT FROM lease)
-        ORDER BY priority DESC, run_at
-        LIMIT %(limit)s
-        FOR UPDATE SKIP LOCKED
+    SELECT c.* FROM unnest(%(queues)s::text[]) AS q(name) CROSS JOIN LATERAL ("""
+    + _due("q.name")
+    + """
     ) AS c
     ORDER BY c.priority DESC, c.run_at
     LIMIT %(limit)s
