@@ -164,6 +164,9 @@ def test_show_gives_payload_stages_outputs_retries_and_events(
     job.wait_sync(timeout=30)
     plain = client.enqueue("counts_up", {"n": 3, "tick": 0.01})
     plain.wait_sync(timeout=30)
+    # Events are written apart from the job's status, every 50 ms (slower on a loaded disk).
+    stored = "SELECT count(*) FROM worker.job_events WHERE job_id = %s AND status = 'progress'"
+    wait_for(lambda: query(database_url, stored, (plain.id,)) == [(3,)], message="the events")
 
     data = as_json(worker_cli("show", job.id, "--json"))
     assert data["status"] == "completed" and data["retry_count"] == 1

@@ -358,6 +358,17 @@ def test_async_task_past_its_timeout_is_retried_then_failed_with_a_clear_error(
     assert (done["finished"] - done["started"]).total_seconds() < 10  # type: ignore[operator]
 
 
+def test_threads_a_task_started_are_told_when_its_attempt_ends(database_url, processes):
+    url = database_url
+    query(url, EFFECTS)
+    processes.worker(worker_env(url), TASKS)
+    job_id = insert(url, "hands_off_to_a_thread", "{}", max_retries=0)
+    wait_until(lambda: status(url, job_id) == "failed", 60, "the job to time out")
+    told = "SELECT kind FROM chaos_effects WHERE job = %s"
+    wait_until(lambda: query(url, told, (job_id,)) != [], 10, "the helper to stop")
+    assert query(url, told, (job_id,)) == [("helper told",)]
+
+
 def test_a_tasks_own_timeout_error_is_not_reported_as_its_timeout(database_url, processes):
     url = database_url
     processes.worker(worker_env(url), TASKS)

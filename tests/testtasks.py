@@ -413,7 +413,7 @@ def slow_tidy_work(ctx: Any) -> str:
 @slow_tidy.cleanup(name="tidy_slowly", deadline=0.5)
 def slow_tidy_cleanup(ctx: Any) -> str:
     record(ctx.job_id, "cleanup")
-    if effects_of(ctx.job_id, "cleanup") == 1:
+    if effects_of(ctx.job_id, "work") == 1:  # the cleanup the first attempt owes
         time.sleep(1.5)
         record(ctx.job_id, "told to stop" if ctx.cancelled else "not told")
     return "tidied"

@@ -261,19 +261,20 @@ _abandoned = threading.local()
 
 
 def _told(abandoned: threading.Event, fn: Callable[..., Any], *args: Any) -> Any:
-    _abandoned.event = abandoned
+    outer, _abandoned.event = getattr(_abandoned, "event", None), abandoned
     try:
         return fn(*args)
     finally:
-        _abandoned.event = None
+        _abandoned.event = outer
 
 
 async def call(ctx: Context, fn: Callable[..., Any], is_async: bool, *args: Any) -> Any:
     """Run user code: `async` on the loop, sync in a worker thread, within the job's deadline.
 
     A sync function whose call is given up (past the job's or its stage's deadline, or at
-    shutdown) cannot be stopped; its `ctx.cancelled` turns true, and its thread keeps its slot
-    until it returns (the daemon reports it).
+    shutdown) cannot be stopped; its `ctx.cancelled` turns true in its thread at once (and in
+    any thread of the job once the attempt ends), and it keeps its slot until it returns (the
+    daemon reports it).
     """
     abandoned = None if is_async else threading.Event()
     work = fn(*args) if abandoned is None else ctx.runtime.in_thread(_told, abandoned, fn, *args)

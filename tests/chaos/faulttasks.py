@@ -102,6 +102,20 @@ async def slow_async(payload: dict[str, Any]) -> str:
     return "should have timed out"
 
 
+@task(timeout=1.0)
+async def hands_off_to_a_thread(payload: dict[str, Any], ctx: Context) -> str:
+    """Awaits a blocking helper in a thread of its own, which stops once told."""
+
+    def helper() -> None:
+        began = time.monotonic()
+        while not ctx.cancelled and time.monotonic() - began < 20:
+            time.sleep(0.05)
+        record(ctx.job_id, "helper told" if ctx.cancelled else "helper not told", ctx.attempt)
+
+    await asyncio.to_thread(helper)
+    return "should have timed out"
+
+
 @task(timeout=30.0)
 def upstream_timeout(payload: dict[str, Any]) -> str:
     """Raises a TimeoutError of its own long before its job's timeout."""

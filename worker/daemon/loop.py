@@ -635,6 +635,9 @@ class Worker:
             return  # shutting down: the job is handed back by _shutdown
         finally:
             self._tasks.pop(job.id, None)
+            # The attempt is over: threads it left running (past a deadline, or started by
+            # the task itself) see `ctx.cancelled` from now on.
+            cancel.set()
         with self._threads_lock:
             if job.id in self._threads:
                 self._stuck.add(job.id)

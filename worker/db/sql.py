@@ -105,19 +105,22 @@ FROM claimed AS c JOIN next ON next.id = c.id
 ORDER BY next.priority DESC, next.run_at
 """
 
+
 def _due(queue: str) -> str:
     """The due pending jobs of one queue in claim order (priority, then due time), locked.
 
     One short scan of jobs_runnable_idx per priority present, highest first, each stopping at
     the first job not due yet; the next priority is found by one index probe, and only if the
-    ones before held too few due jobs. One ordered scan of the whole queue instead walked every
-    job due later before it gave up (9 ms per claim with 200,000 jobs due tomorrow). Priorities
-    are bounded (`PRIORITY_RANGE`), and so are the probes.
+    ones before held too few due jobs. A queue with fewer due jobs than the claim's limit (an
+    idle one) costs a probe and a scan per priority its pending jobs use, due or not: at most
+    201 (`PRIORITY_RANGE`), usually one or two. One ordered scan of the whole queue instead
+    walked every job due later (9 ms per claim with 200,000 jobs due tomorrow).
     """
     return f"""
     WITH RECURSIVE level AS (
         (SELECT priority FROM worker.jobs
-         WHERE status = 'pending' AND queue = {queue} ORDER BY priority DESC LIMIT 1)
+         WHERE status = 'pending' AND queue = {queue} AND EXISTS (SELECT FROM lease)
+         ORDER BY priority DESC LIMIT 1)
         UNION ALL
         SELECT (SELECT j.priority FROM worker.jobs AS j
                 WHERE j.status = 'pending' AND j.queue = {queue} AND j.priority < level.priority
@@ -137,8 +140,8 @@ def _due(queue: str) -> str:
 
 
 # Safe: SKIP LOCKED gives each pending row to exactly one claimer; the CTE fences the LIMIT
-# before the UPDATE, so a worker never takes more jobs than it has free slots, and a priority
-# is only scanned while that LIMIT is not met, so no row beyond it is locked.
+# before the UPDATE, so a worker never takes more jobs than it has free slots; within a queue
+# a priority is only scanned while that LIMIT is not met, so no row beyond it is locked.
 # A job this worker still runs is skipped (`running`): after a missed lease a rescued job
 # waits for its old attempt here to end, or goes to another worker; never two attempts at once.
 # A worker of one queue (the usual case) claims with the scans of that queue alone: on an idle
