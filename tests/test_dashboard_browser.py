@@ -107,3 +107,26 @@ def test_dashboard_shows_live_progress_and_cancels_a_job_with_its_button(
         )
     )
     assert stages["poll"] == "cancelled" and stages["remove_status_file"] == "completed"
+
+
+def test_rows_added_with_more_stay_through_the_list_refresh(env, database_url, processes):
+    from playwright.sync_api import expect, sync_playwright
+
+    api = start_api(env, processes)
+    Client(database_url).enqueue_many([("nobody_runs_this", {"n": n}) for n in range(70)])
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page()
+            page.goto(api.base + "/")
+            rows = page.locator("#jobs tbody tr.job")
+            expect(rows).to_have_count(50, timeout=30_000)
+            page.click("#more")
+            expect(rows).to_have_count(70, timeout=30_000)
+            expect(page.locator("#more")).to_be_hidden()
+            # The list refreshes every 2 s; the rows of the second page stay through it.
+            page.wait_for_timeout(4500)
+            expect(rows).to_have_count(70)
+        finally:
+            browser.close()
