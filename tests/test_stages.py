@@ -653,6 +653,41 @@ def test_an_owed_sync_cleanup_past_its_deadline_does_not_cancel_the_job(
     assert [e for e in seen if e != "told to stop"] == ["work", "cleanup", "work", "cleanup"]
 
 
+def test_a_cancel_after_a_worker_lost_between_two_cleanups_still_runs_the_second(
+    env, database_url, processes
+):
+    """From the first cleanup's start the second is recorded `waiting`, so a cancel of the job,
+    rescued with its first cleanup done and its second never started, sends it to a worker to
+    run what is owed, instead of cancelling it at once."""
+    client = Client(database_url)
+    job = client.enqueue("two_cleanups", {"tidy_sleep": 30})
+    doomed = processes.worker(env, "testtasks")
+    wait_for(lambda: count(database_url, job.job_id, "first_tidy") == 1, message="first cleanup")
+    rows = stages(database_url, job.job_id)
+    assert rows["first_tidy"]["status"] == "running"
+    assert (rows["second_tidy"]["status"], rows["second_tidy"]["attempt"]) == ("waiting", 1)
+    os.killpg(doomed.pid, signal.SIGKILL)
+    doomed.wait(timeout=10)
+    # As if the worker died just after the first cleanup ended, then was found out (`RESCUE`).
+    query(
+        database_url,
+        "UPDATE worker.job_stages SET status = 'completed', finished_at = now() "
+        "WHERE job_id = %s AND stage = 'first_tidy'",
+        (job.job_id,),
+    )
+    query(
+        database_url,
+        "UPDATE worker.jobs SET status = 'pending', retry_count = retry_count + 1 WHERE id = %s",
+        (job.job_id,),
+    )
+    assert client.cancel(job.job_id) == JobStatus.PENDING  # owed: not cancelled at once
+    processes.worker(env, "testtasks")
+    wait_status(database_url, job.job_id, "cancelled")
+    assert effects(database_url, job.job_id) == ["work", "first_tidy", "first_tidy", "second_tidy"]
+    rows = stages(database_url, job.job_id)
+    assert rows["second_tidy"]["status"] == "completed"
+
+
 @pytest.mark.parametrize("cleanup_fails", [False, True])
 def test_a_cancel_during_an_owed_cleanup_runs_that_cleanup_once(
     env, database_url, processes, cleanup_fails

@@ -417,3 +417,27 @@ def slow_tidy_cleanup(ctx: Any) -> str:
         time.sleep(1.5)
         record(ctx.job_id, "told to stop" if ctx.cancelled else "not told")
     return "tidied"
+
+
+# Two cleanups, the first slow in the first attempt (a worker can be killed between them).
+two_cleanups = Pipeline("two_cleanups")
+
+
+@two_cleanups.stage(name="do_work")
+def two_cleanups_work(ctx: Any) -> str:
+    record(ctx.job_id, "work")
+    return "worked"
+
+
+@two_cleanups.cleanup(name="first_tidy")
+def two_cleanups_first(ctx: Any) -> str:
+    record(ctx.job_id, "first_tidy")
+    if ctx.attempt == 1:
+        time.sleep(float(ctx.payload.get("tidy_sleep", 0)))
+    return "tidied"
+
+
+@two_cleanups.cleanup(name="second_tidy")
+def two_cleanups_second(ctx: Any) -> str:
+    record(ctx.job_id, "second_tidy")
+    return "tidied"

@@ -119,8 +119,9 @@ job_stages = Table(
     Column("finished_at", DateTime(timezone=True), nullable=True),
     PrimaryKeyConstraint("job_id", "stage", name="job_stages_pkey"),
     CheckConstraint("kind IN ('stage', 'cleanup')", name="job_stages_kind_valid"),
+    # `waiting`: a cleanup its attempt has yet to run, after the one running (migration 0005).
     CheckConstraint(
-        "status IN ('running', 'completed', 'failed', 'paused', 'snoozed', 'cancelled')",
+        "status IN ('running', 'completed', 'failed', 'paused', 'snoozed', 'cancelled', 'waiting')",
         name="job_stages_status_valid",
     ),
 )

@@ -79,6 +79,8 @@ log = logging.getLogger("worker.jobs")
 
 # Stage rows still open: a stage that was running, snoozing or waiting for an answer.
 _OPEN = ("running", "snoozed", "paused")
+# Cleanup rows of an attempt that did not finish its cleanups: one ran, or had yet to run.
+_UNFINISHED = ("running", "waiting")
 
 
 class TriggerRule(StrEnum):
@@ -112,8 +114,11 @@ class StageStore(Protocol):
 
     # The writes take the claimed job: they apply only while its attempt still holds it.
 
-    async def started(self, job: ClaimedJob, stage: str, kind: str, attempt: int) -> float:
-        """Record the stage as running; return seconds since it first started (snoozes kept)."""
+    async def started(
+        self, job: ClaimedJob, stage: str, kind: str, attempt: int, waiting: Sequence[str] = ()
+    ) -> float:
+        """Record the stage as running, and the cleanups `waiting` after it as waiting; return
+        seconds since it first started (snoozes kept)."""
 
     async def finished(
         self,
@@ -125,10 +130,18 @@ class StageStore(Protocol):
     ) -> None: ...
 
     async def advance(
-        self, job: ClaimedJob, done: str, output: JSON, stage: str, kind: str, attempt: int
+        self,
+        job: ClaimedJob,
+        done: str,
+        output: JSON,
+        stage: str,
+        kind: str,
+        attempt: int,
+        waiting: Sequence[str] = (),
     ) -> float:
-        """Record `done` completed with `output` and `stage` running, in one committed write;
-        return as `started` does. `NotStorable` if the database refuses `output`."""
+        """Record `done` completed with `output` and `stage` running (and `waiting` as
+        `started` does), in one committed write; return as `started` does. `NotStorable` if
+        the database refuses `output`."""
 
     async def failed_for_good(self, job: ClaimedJob, error: str) -> None:
         """Record that this attempt failed for good, before its cleanups run: should they be
@@ -297,7 +310,7 @@ class Pipeline:
         if not self.cleanups:
             return None
         cleaned = min(
-            (r.attempt if (r := rows.get(c.name)) and r.status != "running" else 0)
+            (r.attempt if (r := rows.get(c.name)) and r.status not in _UNFINISHED else 0)
             for c in self.cleanups
         )
         dirty = [r.attempt for r in rows.values() if r.kind == "stage" and r.attempt > cleaned]
@@ -525,11 +538,13 @@ class Pipeline:
         # Cleanups are not bound by the job's timeout: they must run even after it passed.
         job_deadline, ctx.deadline = ctx.deadline, None
         try:
-            for stage in self.cleanups:
+            for i, stage in enumerate(self.cleanups):
+                # From the first one's start, those not run yet are known (`waiting`).
+                waiting = [c.name for c in self.cleanups[i + 1 :]] if i == 0 else []
                 if end is not None and end.status == "completed":
                     try:
                         await store.advance(
-                            ctx.job, end.stage, end.output, stage.name, "cleanup", attempt
+                            ctx.job, end.stage, end.output, stage.name, "cleanup", attempt, waiting
                         )
                     except NotStorable as exc:  # past PostgreSQL's limits: the job fails
                         assert after is not None  # `end` came with it
@@ -538,11 +553,11 @@ class Pipeline:
                         after.result = after.result_json = None
                         await store.failed_for_good(ctx.job, after.error)
                         reported = []  # they reported the stage completed
-                        await store.started(ctx.job, stage.name, "cleanup", attempt)
+                        await store.started(ctx.job, stage.name, "cleanup", attempt, waiting)
                 else:
                     if end is not None:
                         await store.finished(ctx.job, end.stage, end.status)
-                    await store.started(ctx.job, stage.name, "cleanup", attempt)
+                    await store.started(ctx.job, stage.name, "cleanup", attempt, waiting)
                 end = None
                 for event in reported:  # the stage end they report is written now
                     ctx.runtime.bus.publish(event)

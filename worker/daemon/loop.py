@@ -25,7 +25,7 @@ import time
 import traceback
 import uuid
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 from uuid import UUID
@@ -124,8 +124,12 @@ class PgStageStore:
             )
         return age
 
-    async def started(self, job: ClaimedJob, stage: str, kind: str, attempt: int) -> float:
-        write = StageWrite(job.id, job.retry_count, started=stage, kind=kind, attempt=attempt)
+    async def started(
+        self, job: ClaimedJob, stage: str, kind: str, attempt: int, waiting: Sequence[str] = ()
+    ) -> float:
+        write = StageWrite(
+            job.id, job.retry_count, started=stage, kind=kind, attempt=attempt, waiting=(*waiting,)
+        )
         return await self._run("recording a stage start", write)
 
     async def finished(
@@ -143,7 +147,14 @@ class PgStageStore:
         await self._run("recording a stage end", write)
 
     async def advance(
-        self, job: ClaimedJob, done: str, output: Any, stage: str, kind: str, attempt: int
+        self,
+        job: ClaimedJob,
+        done: str,
+        output: Any,
+        stage: str,
+        kind: str,
+        attempt: int,
+        waiting: Sequence[str] = (),
     ) -> float:
         write = StageWrite(
             job.id,
@@ -153,6 +164,7 @@ class PgStageStore:
             started=stage,
             kind=kind,
             attempt=attempt,
+            waiting=(*waiting,),
         )
         return await self._run("recording a stage end and the next start", write)
 

@@ -22,6 +22,7 @@ little later; its job waits, the others do not.
 from __future__ import annotations
 
 import asyncio
+import json
 from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
@@ -35,13 +36,15 @@ from worker.db.records import json_records
 
 # Statements in flight at once (each holds a pooled connection while it commits).
 MAX_FLUSHES = 3
+_encode = json.JSONEncoder(ensure_ascii=False).encode
 
 
 @dataclass
 class StageWrite:
     """End the stage `ended` with `status` (and `output`, JSON text, or `error`), start the
-    stage `started` (of `kind`, in `attempt`), or both at once; for the job as claimed with
-    `retries` (the write applies only while that attempt holds it)."""
+    stage `started` (of `kind`, in `attempt`, with the cleanups `waiting` after it), or both at
+    once; for the job as claimed with `retries` (the write applies only while that attempt
+    holds it)."""
 
     job_id: str
     retries: int
@@ -52,6 +55,7 @@ class StageWrite:
     started: str | None = None
     kind: str = "stage"
     attempt: int = 0
+    waiting: tuple[str, ...] = ()  # cleanups to run after `started`, recorded as waiting
 
 
 class _Locked:
@@ -152,7 +156,7 @@ class StageWrites:
                     "kind": w.kind,
                     "attempt": w.attempt,
                 },
-                {"output": w.output},
+                {"output": w.output, "waiting": _encode(list(w.waiting)) if w.waiting else None},
             )
             for n, w in enumerate(batch)
         )

@@ -303,14 +303,17 @@ RETURNING id, pg_notify('worker_jobs', queue) IS NULL AS _
 # worker honours it at the next stage boundary, then runs the cleanup). A waiting job whose
 # stages ran without their cleanup (paused, snoozed, rescued) goes back to a worker at once,
 # which runs only that cleanup and settles it cancelled. "Owes" mirrors
-# `Pipeline._unclean_attempt`: a stage row newer than the oldest finished cleanup.
+# `Pipeline._unclean_attempt`: a stage row newer than the oldest finished cleanup (a cleanup
+# not run yet is `waiting` from its attempt's first cleanup on, so none is missed for lack of
+# a row).
 CANCEL = """
 WITH target AS (
     SELECT j.id, j.status,
            EXISTS (
                SELECT 1 FROM worker.job_stages AS s
                WHERE s.job_id = j.id AND s.kind = 'stage' AND s.attempt > coalesce(
-                   (SELECT min(CASE WHEN c.status = 'running' THEN 0 ELSE c.attempt END)
+                   (SELECT min(CASE WHEN c.status IN ('running', 'waiting') THEN 0
+                                    ELSE c.attempt END)
                     FROM worker.job_stages AS c WHERE c.job_id = j.id AND c.kind = 'cleanup'),
                    0)
            ) AS owes_cleanup
@@ -394,7 +397,9 @@ DELETE FROM worker.jobs AS j USING doomed WHERE j.id = doomed.id
 # both, which stores a stage's output before the next one runs with no gap in which the attempt
 # has no open stage (its cleanup would not be known to be owed). A snoozed stage keeps its
 # first start, so a deadline counts from when the stage first ran (a pause does not count: a
-# human may take days). Rows: see `json_records`; `n` numbers them for the answer.
+# human may take days). The start of an attempt's first cleanup records the cleanups after it
+# as `waiting` (a JSON array of names), so that cleanups never started are known to be owed.
+# Rows: see `json_records`; `n` numbers them for the answer.
 # Safe: only jobs this worker holds, in the attempt that writes, are written (FOR SHARE: a
 # cancel waits for this commit, a rescue skips the job until its next round, and a job they
 # took first is left alone); a job has one write in flight at a time, so no row is written
@@ -404,7 +409,7 @@ STAGE_WRITES = """
 WITH batch AS (
     SELECT * FROM json_to_recordset(CAST(%(writes)s AS json)) AS b(
         n int, job uuid, retries int, ended text, status text, output json, error text,
-        started text, kind text, attempt int)
+        started text, kind text, attempt int, waiting json)
 ), w AS (
     SELECT b.* FROM batch AS b JOIN worker.jobs AS j ON j.id = b.job
     WHERE j.status = 'processing' AND j.worker_id = %(worker_id)s AND j.retry_count = b.retries
@@ -425,6 +430,13 @@ WITH batch AS (
         finished_at = NULL,
         started_at = CASE WHEN s.status = 'snoozed' THEN s.started_at ELSE now() END
     RETURNING s.job_id, extract(epoch FROM now() - s.started_at) AS age
+), waiting AS (
+    INSERT INTO worker.job_stages AS s (job_id, stage, kind, status, attempt)
+    SELECT w.job, name.value, 'cleanup', 'waiting', w.attempt
+    FROM w CROSS JOIN LATERAL json_array_elements_text(w.waiting) AS name(value)
+    ON CONFLICT (job_id, stage) DO UPDATE SET
+        status = 'waiting', attempt = EXCLUDED.attempt, output = NULL, error = NULL,
+        finished_at = NULL, started_at = now()
 )
 SELECT w.n, coalesce(started.age, 0) FROM w LEFT JOIN started ON started.job_id = w.job
 UNION ALL
