@@ -369,9 +369,10 @@ SELECT id, queue, task, payload, status, priority, run_at, retry_count, max_retr
 FROM worker.jobs WHERE id = %(id)s
 """
 
+# In the order they ran; cleanups that have yet to run (`waiting`) last.
 GET_STAGES = """
 SELECT stage, kind, status, output, error, attempt, started_at, finished_at
-FROM worker.job_stages WHERE job_id = %(id)s ORDER BY started_at, stage
+FROM worker.job_stages WHERE job_id = %(id)s ORDER BY status = 'waiting', started_at, stage
 """
 
 # Retention: a bounded batch per statement, so no lock is held for long; stages and events go
