@@ -36,7 +36,6 @@ from worker.db.records import json_records
 
 # Statements in flight at once (each holds a pooled connection while it commits).
 MAX_FLUSHES = 3
-_encode = json.JSONEncoder(ensure_ascii=False).encode
 
 
 @dataclass
@@ -156,7 +155,7 @@ class StageWrites:
                     "kind": w.kind,
                     "attempt": w.attempt,
                 },
-                {"output": w.output, "waiting": _encode(list(w.waiting)) if w.waiting else None},
+                {"output": w.output, "waiting": json.dumps(w.waiting) if w.waiting else None},
             )
             for n, w in enumerate(batch)
         )
