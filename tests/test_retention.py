@@ -101,6 +101,19 @@ def test_cleanup_jobs_removes_only_finished_jobs_older_than_the_cutoff(database_
     assert client.cleanup_jobs(older_than="7d") == 0
 
 
+def test_stages_and_events_go_with_their_job_however_it_is_deleted(database_url):
+    jobs = landscape(database_url)
+    gone = {"old completed", "old pending"}
+    query(
+        database_url,
+        "DELETE FROM worker.jobs WHERE id = ANY(%s::uuid[])",
+        ([jobs[name] for name in gone],),
+    )
+    assert remaining(database_url, jobs) == expected_after_pruning(jobs, gone)
+    query(database_url, "TRUNCATE worker.jobs")
+    assert remaining(database_url, jobs) == expected_after_pruning(jobs, set(jobs))
+
+
 def test_cleanup_jobs_takes_any_age_and_only_the_statuses_asked_for(database_url):
     jobs = landscape(database_url)
     client = Client(database_url)

@@ -164,6 +164,9 @@ def test_runner_role_runs_a_real_worker(database_url, login_role, processes: Pro
     later = datetime.now(UTC) + timedelta(days=1)
     query(runner, sql.PRUNE_BATCH, {"statuses": ["completed"], "before": later, "batch": 100})
     assert query(client, "SELECT count(*) FROM worker.jobs") == [(0,)]
+    # Their stages and events went with them, though the runner may not delete those itself.
+    assert query(client, "SELECT count(*) FROM worker.job_stages") == [(0,)]
+    assert query(client, "SELECT count(*) FROM worker.job_events") == [(0,)]
     refused(runner, "CREATE TABLE worker.sneaky (id int)")
     refused(runner, "DROP TABLE worker.jobs")
     log = processes.log(proc)

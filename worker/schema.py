@@ -13,7 +13,6 @@ from sqlalchemy import (
     CheckConstraint,
     Column,
     DateTime,
-    ForeignKey,
     Index,
     Integer,
     MetaData,
@@ -105,10 +104,13 @@ workers = Table(
     Column("heartbeat_at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
 )
 
+# A stage row and an event go with their job: the trigger `jobs_deleted` (migration 0006)
+# deletes them in the statement that deletes the job, without a foreign key's lookup and lock
+# on the job's row for every row written.
 job_stages = Table(
     "job_stages",
     metadata,
-    Column("job_id", UUID(as_uuid=True), ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False),
+    Column("job_id", UUID(as_uuid=True), nullable=False),
     Column("stage", Text, nullable=False),
     Column("kind", Text, nullable=False, server_default=text("'stage'")),
     Column("status", Text, nullable=False),
@@ -129,11 +131,12 @@ job_stages = Table(
 job_events = Table(
     "job_events",
     metadata,
-    Column("id", BigInteger, primary_key=True, autoincrement=True),
-    Column("job_id", UUID(as_uuid=True), ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False),
+    Column("id", BigInteger, nullable=False, autoincrement=True),
+    Column("job_id", UUID(as_uuid=True), nullable=False),
     Column("step", Text, nullable=False),
     Column("status", Text, nullable=False),
     Column("message", JSONB, nullable=True),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
-    Index("job_events_job_idx", "job_id", "id"),
+    # Every read is of one job's events in id order; ids come from the sequence, unique alone.
+    PrimaryKeyConstraint("job_id", "id", name="job_events_pkey"),
 )

@@ -8,7 +8,8 @@ this machine cannot beat.
 With `stages=3` it is the floor of a 3-stage job whose stage boundaries are committed before
 the next stage runs: the claim starts stage 1, one statement per boundary ends a stage (its
 output stored) and starts the next while the job is still the loop's, and the completion ends
-the last stage. Four commits per batch instead of two, and no job code either.
+the last stage. Four commits per batch instead of two, and no job code either. Like
+durable-worker's stage rows (migration 0006), a stage row names its job without a foreign key.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ CREATE TABLE lim_jobs (
   finished_at timestamptz, worker_id text, heartbeat_at timestamptz);
 CREATE INDEX lim_jobs_runnable ON lim_jobs (queue, priority, run_at, id) WHERE status = 'pending';
 CREATE TABLE lim_stages (
-  job_id bigint NOT NULL REFERENCES lim_jobs ON DELETE CASCADE, stage int NOT NULL,
+  job_id bigint NOT NULL, stage int NOT NULL,
   status text NOT NULL, output jsonb, started_at timestamptz NOT NULL DEFAULT now(),
   finished_at timestamptz, PRIMARY KEY (job_id, stage));
 """

@@ -178,8 +178,7 @@ CLAIM = (
 # cancel request is read from the row being updated, so one committed meanwhile is seen.)
 # A job whose row another client holds locked (an operator's open transaction) is skipped, not
 # waited for: the batch goes through, and the job comes back with a NULL status, to be written
-# again later (it is still ours, in this attempt). NO KEY UPDATE, the lock the UPDATE takes:
-# the key-share locks of stage and event inserts (foreign keys) do not conflict with it.
+# again later (it is still ours, in this attempt). NO KEY UPDATE: the lock the UPDATE takes.
 RECORD_OUTCOMES = """
 WITH r AS (
     SELECT * FROM json_to_recordset(CAST(%(outcomes)s AS json)) AS r(
@@ -376,9 +375,9 @@ FROM worker.job_stages WHERE job_id = %(id)s ORDER BY status = 'waiting', starte
 """
 
 # Retention: a bounded batch per statement, so no lock is held for long; stages and events go
-# with their job (ON DELETE CASCADE). The fixed status list keeps live jobs out whatever the
-# caller passes, and matches the partial index jobs_finished_idx; SKIP LOCKED lets two pruners
-# (or an operator retrying a failed job) pass each other instead of waiting.
+# with their job (the trigger `jobs_deleted`). The fixed status list keeps live jobs out
+# whatever the caller passes, and matches the partial index jobs_finished_idx; SKIP LOCKED lets
+# two pruners (or an operator retrying a failed job) pass each other instead of waiting.
 PRUNE_BATCH = """
 WITH doomed AS (
     SELECT id FROM worker.jobs
@@ -461,20 +460,29 @@ RETURNING id
 # Safe: the per-job advisory locks (taken in hash order, so two writers cannot deadlock) are
 # all held before the first id is drawn and until commit, so two workers writing events of one
 # job (a rescued job whose old worker still runs) commit them in id order: a reader resuming
-# after id N never misses a later-committed event with a smaller id. One NOTIFY per job.
+# after id N never misses a later-committed event with a smaller id. Events of a job that no
+# longer exists are left out (no foreign key checks them, see migration 0006); the answer names
+# those jobs. One NOTIFY per job.
 PUBLISH_EVENTS = """
 WITH e AS MATERIALIZED (
-    SELECT * FROM json_to_recordset(CAST(%(events)s AS json))
-        AS e(job_id uuid, step text, status text, message json, created_at timestamptz)
+    SELECT * FROM ROWS FROM (json_to_recordset(CAST(%(events)s AS json)) AS (
+        job_id uuid, step text, status text, message json, created_at timestamptz
+    )) WITH ORDINALITY AS e(job_id, step, status, message, created_at, n)
+), known AS MATERIALIZED (
+    -- `= ANY(ARRAY(...))`: probes of the primary key, however few or many the planner expects.
+    SELECT id AS job_id FROM worker.jobs WHERE id = ANY(ARRAY(SELECT DISTINCT job_id FROM e))
 ), locked AS (
     SELECT count(pg_advisory_xact_lock(2003138164, h)) AS n
-    FROM (SELECT DISTINCT hashtext(job_id::text) AS h FROM e ORDER BY h) AS d
+    FROM (SELECT DISTINCT hashtext(job_id::text) AS h FROM known ORDER BY h) AS d
 ), ins AS (
     INSERT INTO worker.job_events (job_id, step, status, message, created_at)
     SELECT e.job_id, e.step, e.status, CAST(e.message AS jsonb), e.created_at FROM locked, e
-    RETURNING job_id
+    WHERE e.job_id IN (SELECT job_id FROM known)
+    ORDER BY e.n  -- ids in publish order
 )
-SELECT pg_notify('worker_events', job_id::text) FROM (SELECT DISTINCT job_id FROM ins) AS d
+SELECT (SELECT count(pg_notify('worker_events', job_id::text)) FROM known),
+       ARRAY(SELECT DISTINCT job_id::text FROM e
+             WHERE job_id NOT IN (SELECT job_id FROM known)) AS gone
 """
 
 READ_EVENTS = """

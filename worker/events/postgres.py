@@ -9,9 +9,9 @@ promises, and what it does not:
   reader that resumes after id N misses nothing.
 - `publish` never blocks and never raises. If the database is slow or away, the buffer keeps
   the newest events and drops the oldest beyond its bound, counting them in `dropped`;
-  progress is best-effort, the job's own state is not. An event the database refuses (its job
-  was deleted meanwhile) is dropped on its own without holding up the others.
-- Retention needs no work here: events go with their job (`ON DELETE CASCADE`).
+  progress is best-effort, the job's own state is not. An event of a job deleted meanwhile, or
+  one the database refuses, is dropped on its own without holding up the others.
+- Retention needs no work here: events go with their job (the trigger `jobs_deleted`).
 
     bus = PostgresBus(url)
     await bus.start()
@@ -31,6 +31,7 @@ import logging
 import re
 import threading
 import time
+import uuid
 from collections import deque
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
@@ -226,23 +227,31 @@ class PostgresBus:
                 self.url, autocommit=True, **connect_options(self.url, APPLICATION_NAME)
             )
         try:
-            await self._write(self._conn, batch)
+            self._gone(batch, await self._write(self._conn, batch))
         except _REFUSED:
             # One bad row must not hold back the rest: write them one by one, drop the refused.
             for item in batch:
                 try:
-                    await self._write(self._conn, [item])
+                    self._gone([item], await self._write(self._conn, [item]))
                 except _REFUSED as exc:
-                    with self._lock:
-                        self.dropped += 1
-                    log.warning(
-                        "progress event of job %s dropped: %s",
-                        item.job_id,
-                        str(exc).strip().splitlines()[0],
-                    )
+                    self._dropped(1, f"job {item.job_id}", str(exc).strip().splitlines()[0])
                 self._forget_through(item.seq)
         else:
             self._forget_through(batch[-1].seq)
+
+    def _gone(self, batch: list[_Pending], jobs: list[str]) -> None:
+        """Count the events the statement left out: their jobs no longer exist."""
+        if jobs:
+            gone = {uuid.UUID(job_id) for job_id in jobs}
+            n = sum(1 for item in batch if uuid.UUID(item.job_id) in gone)
+            which = ("job " if len(jobs) == 1 else "jobs ") + ", ".join(jobs)
+            self._dropped(n, which, "no such job (deleted meanwhile?)")
+
+    def _dropped(self, n: int, which: str, why: str) -> None:
+        with self._lock:
+            self.dropped += n
+        what = "progress event" if n == 1 else f"{n} progress events"
+        log.warning("%s of %s dropped: %s", what, which, why)
 
     def _forget_through(self, seq: int) -> None:
         # By sequence number, not count: an overflow may have dropped some of the batch meanwhile.
@@ -251,8 +260,14 @@ class PostgresBus:
                 self._buffer.popleft()
 
     @staticmethod
-    async def _write(conn: psycopg.AsyncConnection[Any], batch: list[_Pending]) -> None:
-        await conn.execute(sql.PUBLISH_EVENTS, {"events": f"[{','.join(map(_record, batch))}]"})
+    async def _write(
+        conn: psycopg.AsyncConnection[Any], batch: list[_Pending]
+    ) -> list[str]:
+        """Store the batch; returns the jobs whose events were left out: they are gone."""
+        events = f"[{','.join(map(_record, batch))}]"
+        cur = await conn.execute(sql.PUBLISH_EVENTS, {"events": events})
+        row = await cur.fetchone()
+        return list(row[1] or ()) if row else []
 
     # -- reading ----------------------------------------------------------------------------
 
