@@ -489,11 +489,15 @@ class Bench:
         template: str | None = None,
         sample_rss: bool = False,
         label: str | None = None,
+        pair: str | None = None,
     ) -> dict[str, Any]:
+        """One drain; `pair` names the workload measured next, which this one is compared to."""
         n = n or self.n
         workload = workload or f"drain_{procs}p"
         rec = self.record(adapter, workload, run, config=label or adapter.config, procs=procs)
         rec["variant"] = variant
+        if pair is not None:
+            rec["pair"] = pair
         w: Workers | None = None
         try:
             db = self.db(adapter)
