@@ -56,29 +56,27 @@ def render(records: list[dict[str, Any]], info: dict[str, Any], args: Any) -> st
         # A drain measured as the pair of another workload counts for that comparison only.
         return _values(records, key, lib=lib, workload=workload, **{"pair": None, **kw})
 
+    runs = sorted({int(r["run"]) for r in records})
+
+    def per_run(a: dict[str, Any], b: dict[str, Any], key: str = "value") -> list[float]:
+        """Per run, the figure of the measurement matching `a` / that of the one matching `b`."""
+        out = []
+        for run in runs:
+            x, y = _values(records, key, run=run, **a), _values(records, key, run=run, **b)
+            if x and y:
+                out.append(x[0] / y[0])
+        return out
+
     def paired(lib: str, workload: str) -> list[float]:
         """Per run, `workload` / the plain drain measured just before it."""
-        out = []
-        for run in sorted({int(r["run"]) for r in records}):
-            a = _values(records, "value", lib=lib, workload=workload, run=run)
-            b = _values(records, "value", lib=lib, workload="drain_1p", pair=workload, run=run)
-            if a and b:
-                out.append(a[0] / b[0])
-        return out
+        return per_run(
+            {"lib": lib, "workload": workload},
+            {"lib": lib, "workload": "drain_1p", "pair": workload},
+        )
 
     head = ["workload", "durable-worker"] + [labels[p] for p in peers] + ["bare loop"]
     head += [f"x {labels[p].split()[0]}" for p in peers] + ["x bare", "target", "met"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-
-    def per_run(workload: str, key: str, other: str, ours: dict[str, Any]) -> list[float]:
-        """Per run, durable-worker's figure / the other library's in the same run."""
-        out = []
-        for run in sorted({int(r["run"]) for r in records}):
-            a = m("durable", workload, key, run=run, **ours)
-            b = m(other, workload, key, run=run)
-            if a and b:
-                out.append(a[0] / b[0])
-        return out
 
     def row(
         title: str,
@@ -89,7 +87,11 @@ def render(records: list[dict[str, Any]], info: dict[str, Any], args: Any) -> st
         check: Callable[[dict[str, float | None]], bool | None],
     ) -> None:
         others = [*peers, "bare"]
-        ratios = {p: med(per_run(workload, key, p, ours)) for p in others}
+        mine = {"lib": "durable", "workload": workload, "pair": None, **ours}
+        ratios = {
+            p: med(per_run(mine, {"lib": p, "workload": workload, "pair": None}, key))
+            for p in others
+        }
         cells = [title, cell(m("durable", workload, key, **ours))]
         cells += [cell(m(p, workload, key)) for p in others]
         cells += [f"{ratios[p]:.2f}x" if ratios[p] else "-" for p in others]

@@ -260,9 +260,7 @@ class PostgresBus:
                 self._buffer.popleft()
 
     @staticmethod
-    async def _write(
-        conn: psycopg.AsyncConnection[Any], batch: list[_Pending]
-    ) -> list[str]:
+    async def _write(conn: psycopg.AsyncConnection[Any], batch: list[_Pending]) -> list[str]:
         """Store the batch; returns the jobs whose events were left out: they are gone."""
         events = f"[{','.join(map(_record, batch))}]"
         cur = await conn.execute(sql.PUBLISH_EVENTS, {"events": events})
