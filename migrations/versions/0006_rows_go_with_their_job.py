@@ -19,9 +19,8 @@ rights on the other two tables.
 
 The events' primary key becomes (job_id, id), which every read uses, in place of (id) plus a
 second index on (job_id, id): one index entry per event instead of two. Ids stay unique: they
-come from the table's sequence. Building it locks worker.job_events while it reads the table
-(seconds per few million events): workers publishing meanwhile buffer their events and write
-them once it is done.
+come from the table's sequence. Building it locks worker.job_events while it reads the whole
+table: workers publishing meanwhile buffer their events and write them once it is done.
 """
 
 from collections.abc import Sequence
