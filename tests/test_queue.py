@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import re
 import time
+from typing import Any
 
 import psycopg
 import pytest
 from conftest import Processes, query, wait_for
+from psycopg import ClientCursor
 
 from worker import Client, InvalidJob, JobFailed, JobStatus
+from worker.daemon.db import claim_pool
 from worker.db import sql
 
 
@@ -78,8 +83,62 @@ def test_worker_runs_only_its_queues_highest_priority_first(env, database_url, p
     assert query(database_url, pending) == [(len(jobs) - len(mine) + 6,)]
 
 
-@pytest.mark.parametrize("statement", ["CLAIM_ONE_QUEUE", "CLAIM"])
-def test_a_claim_does_not_walk_the_jobs_due_later(database_url, statement):
+def explain_claim(url: str, statement: str, plan: str, limit: int) -> dict[str, Any]:
+    """EXPLAIN ANALYZE of one claim of up to `limit` jobs, rolled back. `plan` is "for these
+    values" (as PostgreSQL plans a statement run once) or "for any values": the plan the claim
+    loop's session makes once and keeps (`claim_pool`)."""
+    worker_id = query(
+        url,
+        "INSERT INTO worker.workers (id, hostname, pid, queues, concurrency) "
+        "VALUES (gen_random_uuid(), 'test', 1, '{default}', 10) RETURNING id",
+    )[0][0]
+    params = {
+        "worker_id": worker_id,
+        "queues": ["default"],
+        "running": [],
+        "limit": limit,
+        "default_max_retries": 3,
+        "pipelines": [],
+        "first_stages": [],
+    }
+    text = getattr(sql, statement)
+    explain = "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "
+    with psycopg.connect(url) as conn:
+        if plan == "for these values":
+            ((result,),) = conn.execute(explain + text, params).fetchall()
+        else:
+            names = list(dict.fromkeys(re.findall(r"%\((\w+)\)s", text)))
+            numbered = re.sub(r"%\((\w+)\)s", lambda m: f"${names.index(m[1]) + 1}", text)
+            conn.execute("SET plan_cache_mode = force_generic_plan")
+            conn.execute(f"PREPARE claim AS {numbered}")
+            args = ", ".join(f"%({name})s" for name in names)
+            execute = ClientCursor(conn).mogrify(f"{explain}EXECUTE claim({args})", params)
+            ((result,),) = conn.execute(execute).fetchall()
+        conn.rollback()
+    return result[0]["Plan"]  # type: ignore[no-any-return]
+
+
+def test_the_claim_loop_keeps_one_plan_for_every_claim(database_url):
+    async def setting() -> str:
+        pool = claim_pool(database_url)
+        await pool.open()
+        try:
+            async with pool.connection() as conn:
+                row = await (await conn.execute("SHOW plan_cache_mode")).fetchone()
+                return str(row[0]) if row else ""
+        finally:
+            await pool.close()
+
+    assert asyncio.run(setting()) == "force_generic_plan"
+
+
+CLAIMS = pytest.mark.parametrize("statement", ["CLAIM_ONE_QUEUE", "CLAIM"])
+PLANS = pytest.mark.parametrize("plan", ["for these values", "for any values"])
+
+
+@CLAIMS
+@PLANS
+def test_a_claim_does_not_walk_the_jobs_due_later(database_url, statement, plan):
     """With 60,000 jobs due tomorrow (at three priorities) and two due now, a claim reads a
     few index pages per priority, not the whole queue."""
     query(
@@ -89,29 +148,25 @@ def test_a_claim_does_not_walk_the_jobs_due_later(database_url, statement):
     )
     query(database_url, "INSERT INTO worker.jobs (task, priority) VALUES ('now', 1), ('now', 0)")
     query(database_url, "VACUUM ANALYZE worker.jobs")
-    worker_id = query(
-        database_url,
-        "INSERT INTO worker.workers (id, hostname, pid, queues, concurrency) "
-        "VALUES (gen_random_uuid(), 'test', 1, '{default}', 10) RETURNING id",
-    )[0][0]
-    params = {
-        "worker_id": worker_id,
-        "queues": ["default"],
-        "running": [],
-        "limit": 10,
-        "default_max_retries": 3,
-        "pipelines": [],
-        "first_stages": [],
-    }
-    with psycopg.connect(database_url) as conn:
-        explain = "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + getattr(sql, statement)
-        ((plan,),) = conn.execute(explain, params).fetchall()
-        conn.rollback()
-
-    top = plan[0]["Plan"]
+    top = explain_claim(database_url, statement, plan, limit=10)
     assert top["Actual Rows"] == 2  # the two due jobs were claimed
     # The later jobs fill about 260 index pages and 380 table pages; one pass over either
     # would read them all.
+    assert top["Shared Hit Blocks"] + top["Shared Read Blocks"] < 200
+
+
+@CLAIMS
+@PLANS
+def test_a_claim_from_a_deep_backlog_reads_only_the_jobs_it_takes(database_url, statement, plan):
+    """With 60,000 jobs due now, a claim of 10 reads the pages of those 10, whatever limit
+    its plan was made for (one made for any limit, joined to the table, would hash it all)."""
+    query(
+        database_url,
+        "INSERT INTO worker.jobs (task) SELECT 'now' FROM generate_series(1, 60000)",
+    )
+    query(database_url, "VACUUM ANALYZE worker.jobs")
+    top = explain_claim(database_url, statement, plan, limit=10)
+    assert top["Actual Rows"] == 10
     assert top["Shared Hit Blocks"] + top["Shared Read Blocks"] < 200
 
 

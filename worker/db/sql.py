@@ -77,11 +77,13 @@ WITH lease AS (
 )"""
 
 # What a claim does with the jobs its `next` CTE picked: mark them ours and, for a pipeline
-# job with no stage row yet, start its first stage in the same commit.
+# job with no stage row yet, start its first stage in the same commit. The jobs are found by
+# primary key probes (`= ANY(ARRAY(...))`) whatever the limit: the claim runs on a plan made
+# for any limit (`daemon.db.claim_pool`), and a join alone would then hash the whole table.
 _CLAIMED = """), claimed AS (
     UPDATE worker.jobs AS j
     SET status = 'processing', worker_id = %(worker_id)s, started_at = now(), error = NULL
-    FROM next WHERE j.id = next.id
+    FROM next WHERE j.id = ANY(ARRAY(SELECT id FROM next)) AND j.id = next.id
     RETURNING j.id, j.task, j.payload, j.queue, j.priority, j.retry_count,
               coalesce(j.max_retries, %(default_max_retries)s) AS max_retries,
               j.cancel_requested, j.answer, next.error AS last_error, j.final_error
