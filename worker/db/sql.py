@@ -222,8 +222,10 @@ WITH r AS (
                                                               %(default_max_retries)s)
                            THEN now() END
     FROM r JOIN mine ON mine.id = r.id
-    WHERE j.id = r.id AND j.status = 'processing' AND j.worker_id = %(worker_id)s
-      AND j.retry_count = r.retries
+    -- By primary key alone: `mine` checked the guard on the rows it locked, and they stay
+    -- locked. With the guard here too, the planner would look each job up through
+    -- jobs_processing_idx, reading all this worker's entries for every job written.
+    WHERE j.id = mine.id
     RETURNING j.id, j.status, j.task, j.queue, j.retry_count, j.started_at
 ), stage_done AS (
     UPDATE worker.job_stages AS s SET
