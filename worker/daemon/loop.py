@@ -461,9 +461,8 @@ class Worker:
         first_stages = self._first_stages()
         claim = sql.CLAIM_ONE_QUEUE if len(self.queues) == 1 else sql.CLAIM
         while not self._stop.is_set():
-            ahead = PREFETCH_BATCHES * self.concurrency
-            if self._job_seconds >= PREFETCH_BELOW_SECONDS:
-                ahead = 0
+            short = self._job_seconds < PREFETCH_BELOW_SECONDS
+            ahead = PREFETCH_BATCHES * self.concurrency if short else 0
             free = self.concurrency + ahead - len(self._inflight) - len(self._stuck)
             # Refill the jobs claimed ahead once they have all started: a claim per batch, not
             # one per slot freed.
