@@ -8,7 +8,7 @@ from conftest import query
 from sqlalchemy import create_engine
 
 from worker.db import migrate
-from worker.db.engine import sqlalchemy_url
+from worker.db.url import sqlalchemy_url
 from worker.schema import SCHEMA, metadata
 
 

@@ -1,6 +1,6 @@
 """The status machine under random sequences of operations (Hypothesis, stateful).
 
-Every operation is one of the real statements of `worker/db/sql.py` (enqueue, claim, record an
+Every operation is one of the real statements of `worker/db/sql/` (enqueue, claim, record an
 outcome, cancel, resume, retry, rescue, release, prune, stage write), run against the real
 PostgreSQL, in any order, by two workers that may lose their lease at any time and may write
 outcomes for jobs they no longer hold. After every step:

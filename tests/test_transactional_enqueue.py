@@ -18,7 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, create_async_e
 from sqlalchemy.orm import Session
 
 from worker import AsyncClient, Client, JobSpec
-from worker.db.engine import sqlalchemy_url
+from worker.db.url import sqlalchemy_url
 
 HELD_OPEN = 1.5  # three times WORKER_POLL_MAX in the test environment
 

@@ -40,9 +40,11 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from worker.attempt import Outcome, OutcomeKind
 from worker.client import AsyncClient, JobSpec
+from worker.db.connect import aconnect
 from worker.settings import Settings
-from worker.tasks import Context, Outcome
+from worker.tasks import Context
 
 BULK_BATCH = 1000
 LATENCY_GAP = 0.020
@@ -79,7 +81,7 @@ class _Noop:
 
     async def execute(self, ctx: Context) -> Outcome:
         self.started[int(ctx.payload["i"])] = time.perf_counter()
-        return Outcome("completed")
+        return Outcome(OutcomeKind.COMPLETED)
 
 
 def _progress(console: Console) -> Progress:
@@ -151,7 +153,7 @@ class Bench:
         return int(row[0]) if row else 0
 
     async def _drain(self, engine: Any, bar: Callable[[int], None]) -> None:
-        async with await psycopg.AsyncConnection.connect(self.url, autocommit=True) as conn:
+        async with await aconnect(self.url, "durable-worker-bench") as conn:
             queued = await self._unfinished(conn)
             t0 = time.perf_counter()
             run = asyncio.create_task(engine.run(), name="bench-engine")
@@ -196,7 +198,7 @@ class Bench:
 
     async def cleanup(self) -> int:
         """Delete every job of the bench's queue (their stages and events go with them)."""
-        async with await psycopg.AsyncConnection.connect(self.url, autocommit=True) as conn:
+        async with await aconnect(self.url, "durable-worker-bench") as conn:
             cur = await conn.execute("DELETE FROM worker.jobs WHERE queue = %s", (self.queue,))
             return cur.rowcount
 

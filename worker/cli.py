@@ -114,7 +114,7 @@ def settings() -> Settings:
 
 
 def url() -> str:
-    from worker.db.engine import database_url
+    from worker.db.url import database_url
 
     return database_url(settings())
 
@@ -135,15 +135,14 @@ def parse_json(text: str, what: str) -> Any:
 def ensure_schema(database: str, *, migrate: bool) -> None:
     """Migrate when asked; otherwise insist the schema exists (the embedded default is
     migrated when it starts)."""
-    import psycopg
 
     from worker.db import migrate as migrations
-    from worker.db.engine import connect_options
+    from worker.db.connect import connect
 
     if migrate:
         migrations.upgrade(database)
         return
-    with psycopg.connect(database, **connect_options(database, "durable-worker")) as conn:
+    with connect(database, "durable-worker") as conn:
         found = conn.execute("SELECT to_regclass('worker.jobs')").fetchone()
     if not found or found[0] is None:
         raise CliError("the worker schema is missing: run `worker migrate` first")
@@ -207,10 +206,11 @@ AsJson = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
 
 def connect() -> psycopg.Connection[dict[str, Any]]:
     """A connection whose rows are dicts (column name to value)."""
-    import psycopg
     from psycopg.rows import dict_row
 
-    return psycopg.connect(url(), autocommit=True, row_factory=dict_row)
+    from worker.db.connect import connect as open_connection
+
+    return open_connection(url(), "durable-worker-cli", row_factory=dict_row)
 
 
 def emit_json(data: Any) -> None:
@@ -892,7 +892,7 @@ def db_stop() -> None:
 
     Example: worker db stop
     """
-    from worker.db.engine import embedded_server
+    from worker.db.url import embedded_server
 
     embedded_server(settings()).stop()
     out.print("embedded PostgreSQL stopped")

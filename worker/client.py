@@ -33,24 +33,18 @@ from functools import lru_cache
 from typing import Any
 from uuid import UUID
 
-import psycopg
 from sqlalchemy import Connection, Engine, Result, TextClause, text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 from sqlalchemy.orm import Session
 
 from worker.db import sql
+from worker.db.connect import async_engine, connect, sync_engine
 from worker.db.direct import AsyncDirectWrites, DirectWrites
-from worker.db.engine import (
-    async_engine,
-    connect_options,
-    database_url,
-    psycopg_url,
-    sync_engine,
-)
+from worker.db.url import database_url, psycopg_url
+from worker.encoding import NotStorable, dumps
 from worker.models import TERMINAL_STATUSES, JobStatus
 from worker.schema import MAX_TASK_NAME, PRIORITY_RANGE
 from worker.settings import get_settings
-from worker.tasks import NotStorable, dumps
 
 JSON = Any
 log = logging.getLogger("worker.client")
@@ -466,12 +460,7 @@ class _DoneListener:
         delay = 0.1
         while True:
             try:
-                with psycopg.connect(
-                    self.url,
-                    autocommit=True,
-                    application_name=LISTENER_NAME,
-                    **connect_options(self.url, LISTENER_NAME),
-                ) as conn:
+                with connect(self.url, LISTENER_NAME, application_name=LISTENER_NAME) as conn:
                     conn.execute("LISTEN worker_done")
                     self.ready.set()
                     delay = 0.1

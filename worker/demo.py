@@ -20,7 +20,8 @@ from rich.table import Table
 
 from worker.client import Client
 from worker.db import migrate
-from worker.db.engine import database_url, embedded_server, redact
+from worker.db.connect import connect
+from worker.db.url import database_url, embedded_server, redact
 from worker.models import TERMINAL_STATUSES
 from worker.settings import Settings
 from worker.stages import Pipeline
@@ -148,9 +149,7 @@ def run_demo(settings: Settings, quick_jobs: int = 40) -> None:
 
 
 def _finished(url: str, ids: list[str]) -> int:
-    import psycopg
-
-    with psycopg.connect(url) as conn:
+    with connect(url, "durable-worker-demo") as conn:
         row = conn.execute(
             "SELECT count(*) FROM worker.jobs WHERE id = ANY(%s::uuid[]) AND status = ANY(%s)",
             (ids, sorted(TERMINAL_STATUSES)),
@@ -159,9 +158,7 @@ def _finished(url: str, ids: list[str]) -> int:
 
 
 def _summary(console: Console, url: str, ids: list[str]) -> None:
-    import psycopg
-
-    with psycopg.connect(url) as conn:
+    with connect(url, "durable-worker-demo") as conn:
         by_status = conn.execute(
             "SELECT status, count(*), round(avg(extract(epoch FROM finished_at - started_at))"
             "::numeric, 3), sum(retry_count) FROM worker.jobs WHERE id = ANY(%s::uuid[]) "

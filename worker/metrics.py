@@ -41,6 +41,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from worker.db import sql
+from worker.db.connect import connect
 
 PREFIX = "durable_worker"
 # Jobs run from milliseconds to an hour; the claim is one indexed statement.
@@ -120,9 +121,9 @@ class DatabaseCollector(Collector):
     def _read(self) -> tuple[list[dict[str, Any]], list[tuple[Any, ...]], int]:
         from psycopg.rows import dict_row
 
-        with psycopg.connect(
+        with connect(
             self.url,
-            autocommit=True,
+            "durable-worker-metrics",
             connect_timeout=5,
             application_name="durable-worker-metrics",
             options=f"-c statement_timeout={SCRAPE_TIMEOUT_MS}",

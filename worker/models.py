@@ -1,4 +1,4 @@
-"""Value types shared by every layer: job statuses and progress events."""
+"""Value types shared by every layer: job and stage statuses, and progress events."""
 
 from __future__ import annotations
 
@@ -26,6 +26,18 @@ class JobStatus(StrEnum):
     @property
     def is_terminal(self) -> bool:
         return self in TERMINAL_STATUSES
+
+
+class StageStatus(StrEnum):
+    """Where one stage (or cleanup) of a pipeline job is. Stored in `worker.job_stages.status`."""
+
+    RUNNING = "running"
+    WAITING = "waiting"  # a cleanup owed by an attempt, not started yet
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    SNOOZED = "snoozed"
+    PAUSED = "paused"
 
 
 TERMINAL_STATUSES = frozenset({JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED})

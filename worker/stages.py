@@ -54,25 +54,21 @@ import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, Protocol, TypeVar, overload
+from typing import Any, Protocol, TypeVar, cast, overload
 
-from worker.models import EventStatus
-from worker.schema import MAX_TASK_NAME
-from worker.tasks import (
+from worker.attempt import (
     JSON,
     ClaimedJob,
-    Context,
-    JobCancelled,
-    NotStorable,
     Outcome,
-    PauseForResolution,
-    Snooze,
+    OutcomeKind,
     StageEnd,
     call,
-    dumps,
-    register,
     settled_before_start,
 )
+from worker.encoding import NotStorable, dumps
+from worker.models import EventStatus, StageStatus
+from worker.schema import MAX_TASK_NAME
+from worker.tasks import Context, JobCancelled, PauseForResolution, Snooze, register
 
 F = TypeVar("F", bound=Callable[..., Any])
 log = logging.getLogger("worker.jobs")
@@ -371,7 +367,7 @@ class Pipeline:
         if ctx.cancelled and left and not began:
             # An attempt cancelled before it began a stage has nothing to clean up: the one
             # before it cleaned up at its end, or as owed just now.
-            cancelled = Outcome("cancelled", error=f"cancelled before stage {left[0]}")
+            cancelled = Outcome(OutcomeKind.CANCELLED, error=f"cancelled before stage {left[0]}")
             return self._finish(ctx, self._with_cleanup_errors(cancelled, owed_errors))
         if owed_errors:
             log.warning(
@@ -394,7 +390,7 @@ class Pipeline:
         note = "; ".join(errors)
         if outcome.kind == "completed":
             # Every stage is done, so the retry runs the cleanups only.
-            return Outcome("retry", error=f"cleanup failed: {note}")
+            return Outcome(OutcomeKind.RETRY, error=f"cleanup failed: {note}")
         # The original error stays first: it is what went wrong; the cleanup comes after.
         outcome.error = f"{outcome.error}\n(cleanup also failed: {note})"
         return outcome
@@ -412,17 +408,20 @@ class Pipeline:
 
         def hand_over(outcome: Outcome) -> Outcome:
             if done is not None:
-                outcome.stage_end = StageEnd(done[0], "completed", done[1])
+                outcome.stage_end = StageEnd(done[0], StageStatus.COMPLETED, done[1])
             elif claim_started_it:  # cancelled before the stage the claim started ever ran
-                outcome.stage_end = StageEnd(self.main_stages[0].name, "cancelled")
+                outcome.stage_end = StageEnd(self.main_stages[0].name, StageStatus.CANCELLED)
             if outcome.stage_end is not None:  # reported once it is written
-                outcome.events.append(ctx.event(outcome.stage_end.stage, outcome.stage_end.status))
+                end = outcome.stage_end
+                outcome.events.append(ctx.event(end.stage, cast(EventStatus, str(end.status))))
             return outcome
 
         async def cancelled_during(name: str) -> Outcome:
             await store.finished(job, name, "cancelled")
             error = f"cancelled during stage {name}"
-            return Outcome("cancelled", error=error, events=[ctx.event(name, "cancelled")])
+            return Outcome(
+                OutcomeKind.CANCELLED, error=error, events=[ctx.event(name, "cancelled")]
+            )
 
         for stage in self.main_stages:
             row = rows.get(stage.name)
@@ -432,7 +431,9 @@ class Pipeline:
                     ctx.emit(stage.name, "skipped", {"reason": "completed in an earlier attempt"})
                 continue
             if ctx.cancelled:  # the stage boundary: a cancel request stops the job here
-                cancelled = Outcome("cancelled", error=f"cancelled before stage {stage.name}")
+                cancelled = Outcome(
+                    OutcomeKind.CANCELLED, error=f"cancelled before stage {stage.name}"
+                )
                 if done is None and not claim_started_it and row and row.status in _OPEN:
                     # Its row is open from before (snoozed, paused, or handed back running).
                     await store.finished(job, stage.name, "cancelled")
@@ -444,7 +445,9 @@ class Pipeline:
                         job, done[0], done[1], stage.name, "stage", job.attempt
                     )
                 except NotStorable as exc:  # past one of PostgreSQL's limits: no retry helps
-                    return Outcome("failed", error=await _unstorable(ctx, store, done[0], exc))
+                    return Outcome(
+                        OutcomeKind.FAILED, error=await _unstorable(ctx, store, done[0], exc)
+                    )
                 ctx.emit(done[0], "completed")
                 done = None
             elif claim_started_it:
@@ -460,47 +463,53 @@ class Pipeline:
                 if ctx.cancelled:
                     return await cancelled_during(stage.name)
                 await store.finished(job, stage.name, "snoozed")
-                return Outcome("snoozed", delay=snooze.seconds)
+                return Outcome(OutcomeKind.SNOOZED, delay=snooze.seconds)
             except PauseForResolution as pause:
                 if ctx.cancelled:
                     return await cancelled_during(stage.name)
                 await store.finished(job, stage.name, "paused")
                 # Reported once the job is `paused`: a client may resume it on seeing this.
                 paused = ctx.event(stage.name, "paused", {"question": pause.question})
-                return Outcome("paused", result=pause.question, events=[paused])
+                return Outcome(OutcomeKind.PAUSED, result=pause.question, events=[paused])
             except JobCancelled:
                 return await cancelled_during(stage.name)
             except StageDeadlineExceeded as exc:
                 await store.finished(job, stage.name, "failed", error=str(exc))
                 ctx.emit(stage.name, "failed", {"error": _short_error(exc)})
-                return Outcome("failed", error=f"stage {stage.name} failed: {_short_error(exc)}")
+                return Outcome(
+                    OutcomeKind.FAILED, error=f"stage {stage.name} failed: {_short_error(exc)}"
+                )
             except Exception as exc:
                 await store.finished(job, stage.name, "failed", error=_stage_error(stage.name, exc))
                 ctx.emit(stage.name, "failed", {"error": _short_error(exc)})
-                return Outcome("retry", error=_stage_error(stage.name, exc))
+                return Outcome(OutcomeKind.RETRY, error=_stage_error(stage.name, exc))
             finally:
                 ctx.step = ""
             try:
                 text = dumps(output)
             except NotStorable as exc:  # not JSON, or past PostgreSQL's limits: no retry helps
-                return Outcome("failed", error=await _unstorable(ctx, store, stage.name, exc))
+                return Outcome(
+                    OutcomeKind.FAILED, error=await _unstorable(ctx, store, stage.name, exc)
+                )
             done = (stage.name, text)
             ctx.outputs[stage.name] = last_output = output
         if self._result is None:  # the last stage's output, encoded already if it ran now
             ran_last = done is not None and done[0] == self.main_stages[-1].name
             encoded = done[1] if done is not None and ran_last else dumps(last_output)
-            return hand_over(Outcome("completed", result=last_output, result_json=encoded))
+            return hand_over(
+                Outcome(OutcomeKind.COMPLETED, result=last_output, result_json=encoded)
+            )
         # Whatever `result=` does, the last stage is recorded completed and reported.
         try:
             result = self._result(dict(ctx.outputs))
             encoded = dumps(result)
         except NotStorable as exc:
             error = f"pipeline {self.name}: its result= returned a value that {exc}"
-            return hand_over(Outcome("failed", error=error))
+            return hand_over(Outcome(OutcomeKind.FAILED, error=error))
         except Exception as exc:
             error = f"pipeline {self.name}: its result= raised {_short_error(exc)}\n"
-            return hand_over(Outcome("retry", error=error + _traceback(exc)))
-        return hand_over(Outcome("completed", result=result, result_json=encoded))
+            return hand_over(Outcome(OutcomeKind.RETRY, error=error + _traceback(exc)))
+        return hand_over(Outcome(OutcomeKind.COMPLETED, result=result, result_json=encoded))
 
     async def _invoke(self, ctx: Context, stage: Stage, age: float) -> Any:
         """Run one stage within what is left of its deadline."""
@@ -548,7 +557,7 @@ class Pipeline:
                         )
                     except NotStorable as exc:  # past PostgreSQL's limits: the job fails
                         assert after is not None  # `end` came with it
-                        after.kind = "failed"
+                        after.kind = OutcomeKind.FAILED
                         after.error = await _unstorable(ctx, store, end.stage, exc)
                         after.result = after.result_json = None
                         await store.failed_for_good(ctx.job, after.error)

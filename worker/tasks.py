@@ -1,4 +1,4 @@
-"""`@task`: registering the functions a worker can run, and what a run hands back.
+"""`@task`: registering the functions a worker can run, and the `Context` a run sees.
 
 A task is a plain function (sync or `async`) taking the job's payload, a JSON object, and
 returning a JSON value, stored as the job's result. A function with a second parameter gets a
@@ -7,21 +7,25 @@ returning a JSON value, stored as the job's result. A function with a second par
 
 from __future__ import annotations
 
-import asyncio
 import inspect
-import json
-import re
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, overload
+from typing import Any, TypeVar, overload
 
+from worker.attempt import (
+    ClaimedJob,
+    Executable,
+    Outcome,
+    OutcomeKind,
+    Runtime,
+    abandoned_here,
+    call,
+    settled_before_start,
+)
+from worker.encoding import dumps
 from worker.models import EventStatus, ProgressEvent
-
-if TYPE_CHECKING:
-    from worker.events import ProgressBus
 
 JSON = Any
 F = TypeVar("F", bound=Callable[..., Any])
@@ -71,64 +75,6 @@ class PauseForResolution(Exception):
 
 
 @dataclass
-class ClaimedJob:
-    """A job as the claim returned it."""
-
-    id: str
-    task: str
-    payload: dict[str, JSON]
-    queue: str
-    priority: int
-    retry_count: int
-    max_retries: int
-    cancel_requested: bool
-    answer: JSON
-    last_error: str | None
-    # An earlier claim of this attempt failed for good, then was lost in its cleanups.
-    final_error: str | None
-    # The claim recorded the first stage of this pipeline job as running: its first run, so
-    # it has no other stage rows (see `sql.CLAIM`).
-    first_stage_started: bool = False
-
-    @property
-    def attempt(self) -> int:
-        return self.retry_count + 1
-
-
-@dataclass
-class Outcome:
-    """How an attempt ended, as the completer writes it (see `sql.RECORD_OUTCOMES`)."""
-
-    kind: str  # completed | retry | failed | cancelled | paused | snoozed
-    result: JSON = None
-    # `result` as the JSON text stored, when the runner has encoded it already.
-    result_json: str | None = None
-    error: str | None = None
-    delay: float = 0.0
-    # A pipeline stage that ended with the attempt, recorded with the outcome (one commit).
-    stage_end: StageEnd | None = None
-    # Progress events that report this outcome: published once it is written, never before.
-    events: list[ProgressEvent] = field(default_factory=list)
-
-
-@dataclass
-class StageEnd:
-    """How a pipeline stage ended, when that is written with its job's outcome."""
-
-    stage: str
-    status: Literal["completed", "failed", "cancelled"]  # failed, cancelled: the job's error
-    output: str | None = None  # JSON text, for a completed stage
-
-
-class Runtime(Protocol):
-    """What the daemon lends a running job: the progress bus and a way to run blocking code."""
-
-    bus: ProgressBus
-
-    async def in_thread(self, fn: Callable[..., Any], *args: Any) -> Any: ...
-
-
-@dataclass
 class Context:
     """What a running job (or stage) can see and do.
 
@@ -166,8 +112,7 @@ class Context:
     def cancelled(self) -> bool:
         """True once a cancel was requested; long stages check it and stop early. In a sync
         function's thread, also once the job stopped waiting for it (it ran past a deadline)."""
-        told = getattr(_abandoned, "event", None)
-        return self.cancel_event.is_set() or (told is not None and told.is_set())
+        return self.cancel_event.is_set() or abandoned_here()
 
     def raise_if_cancelled(self) -> None:
         if self.cancelled:
@@ -206,126 +151,6 @@ class Context:
         raise PauseForResolution(question)
 
 
-class NotStorable(TypeError):
-    """A value PostgreSQL's `jsonb` cannot hold; the message, read after "the value", says why."""
-
-
-# One encoder for every value: `json.dumps` with options builds a new encoder per call.
-_ENCODE = json.JSONEncoder(allow_nan=False, separators=(",", ":"), ensure_ascii=False).encode
-# An escaped NUL: `\u0000` after an even number of backslashes (an odd number means the
-# backslash itself was escaped, and the text is the harmless characters "\u0000").
-_ESCAPED_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
-
-
-def dumps(value: JSON) -> str:
-    """JSON text that PostgreSQL's `jsonb` accepts, or `NotStorable` saying why not.
-
-    Python's encoder writes happily what `jsonb` refuses (NaN, a NUL character, half of a
-    surrogate pair) and gives up on values nested thousands deep; every payload, result,
-    output and question goes through here, so each is refused with the same clear words.
-
-    >>> dumps({"a": [1, 2]})
-    '{"a":[1,2]}'
-    >>> dumps({"x": "a\\x00b"})
-    Traceback (most recent call last):
-    ...
-    worker.tasks.NotStorable: is not storable: it contains a NUL character (\\u0000), ...
-    """
-    try:
-        text = _ENCODE(value)
-    except (TypeError, ValueError) as exc:
-        raise NotStorable(f"is not JSON-serialisable: {exc}") from None
-    except RecursionError:
-        raise NotStorable("is nested too deeply to be stored as JSON") from None
-    if "\\u0000" in text and _ESCAPED_NUL.search(text):
-        raise NotStorable(
-            "is not storable: it contains a NUL character (\\u0000), which PostgreSQL refuses"
-        )
-    if not text.isascii():
-        try:
-            text.encode()
-        except UnicodeEncodeError:
-            raise NotStorable(
-                "is not storable: it contains half of a UTF-16 surrogate pair"
-            ) from None
-    return text
-
-
-class TaskTimeout(Exception):
-    """The job ran past its timeout (`@task(timeout=...)` or `WORKER_TASK_TIMEOUT`)."""
-
-
-# In a sync function's thread: set once nobody waits for the call any more. Per call, not per
-# job, so a stage abandoned at its deadline does not read as the job's cancel request.
-_abandoned = threading.local()
-
-
-def _told(abandoned: threading.Event, fn: Callable[..., Any], *args: Any) -> Any:
-    outer, _abandoned.event = getattr(_abandoned, "event", None), abandoned
-    try:
-        return fn(*args)
-    finally:
-        _abandoned.event = outer
-
-
-async def call(ctx: Context, fn: Callable[..., Any], is_async: bool, *args: Any) -> Any:
-    """Run user code: `async` on the loop, sync in a worker thread, within the job's deadline.
-
-    A sync function whose call is given up (past the job's or its stage's deadline, or at
-    shutdown) cannot be stopped; its `ctx.cancelled` turns true in its thread at once (and in
-    any thread of the job once the attempt ends), and it keeps its slot until it returns (the
-    daemon reports it).
-    """
-    abandoned = None if is_async else threading.Event()
-    work = fn(*args) if abandoned is None else ctx.runtime.in_thread(_told, abandoned, fn, *args)
-    limit = None
-    try:
-        if ctx.deadline is None:
-            return await work
-        limit = asyncio.timeout(max(ctx.deadline - time.monotonic(), 0.0))
-        async with limit:
-            return await work
-    except TimeoutError:
-        if limit is None or not limit.expired():
-            raise  # the code's own TimeoutError, not the job's timeout
-        raise TaskTimeout(f"job {ctx.job_id} ({ctx.job.task}) ran past its timeout") from None
-    except asyncio.CancelledError as exc:
-        task = asyncio.current_task()
-        if task is not None and task.cancelling():
-            raise  # the job's own task is cancelled: the worker is shutting down
-        # The code let through the cancellation of something it awaited. Passed on as is,
-        # it would read as the worker's shutdown, and the job would be left running forever.
-        raise RuntimeError(
-            "the code raised asyncio.CancelledError while its job was not cancelled (a future "
-            "or task it awaited was cancelled)"
-        ) from exc
-    finally:
-        if abandoned is not None:
-            abandoned.set()  # a thread still running is told; one that returned never looks
-
-
-def settled_before_start(job: ClaimedJob, cancelled: bool = False) -> Outcome | None:
-    """The outcome of a job that must not run at all: cancelled while it waited (in the queue,
-    or, `cancelled`, claimed ahead of a free slot), failed for good by an attempt lost in its
-    cleanups, or out of attempts after its worker was lost (see `sql.RESCUE`)."""
-    if job.cancel_requested or cancelled:
-        return Outcome("cancelled", error="cancelled")
-    if job.final_error is not None:
-        return Outcome("failed", error=job.final_error)
-    if job.retry_count > job.max_retries:
-        return Outcome("failed", error=job.last_error or "out of attempts")
-    return None
-
-
-class Executable(Protocol):
-    """Anything the registry can run: a `Task` or a `Pipeline`."""
-
-    name: str
-    timeout: float | None
-
-    async def execute(self, ctx: Context) -> Outcome: ...
-
-
 @dataclass
 class Task:
     """A registered function. Created by `@task`; the function stays callable as before."""
@@ -341,7 +166,7 @@ class Task:
         if settled is not None:
             return settled
         args: tuple[Any, ...] = (ctx.payload, ctx) if self.wants_context else (ctx.payload,)
-        return Outcome("completed", result=await call(ctx, self.fn, self.is_async, *args))
+        return Outcome(OutcomeKind.COMPLETED, result=await call(ctx, self.fn, self.is_async, *args))
 
 
 REGISTRY: dict[str, Executable] = {}

@@ -30,7 +30,7 @@ from worker.db.embedded import LocalPostgres
 ROOT = Path(__file__).resolve().parents[2]
 TERMINAL = ("completed", "failed", "cancelled")
 
-# Every status change the product may make (see worker/db/sql.py); anything else is a bug.
+# Every status change the product may make (see worker/db/sql/); anything else is a bug.
 LEGAL_TRANSITIONS = {
     (None, "pending"),
     ("pending", "processing"),  # claim

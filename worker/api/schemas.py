@@ -23,9 +23,9 @@ from worker.client import (
     run_at_problem,
     text_problem,
 )
+from worker.encoding import NotStorable, dumps
 from worker.models import JobStatus
 from worker.schema import MAX_TASK_NAME, PRIORITY_RANGE
-from worker.tasks import NotStorable, dumps
 
 # The bounds of what the columns hold, the client's own (`client._validated`), checked here too
 # so that a request is refused naming its field before anything reaches the database.

@@ -21,12 +21,12 @@ from uuid import UUID
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
+from worker.attempt import Outcome, OutcomeKind, StageEnd
 from worker.daemon.db import LockWaits, Patience, fetch
 from worker.db import sql
 from worker.db.records import json_records
-from worker.models import ProgressEvent
+from worker.models import ProgressEvent, StageStatus
 from worker.settings import Settings
-from worker.tasks import Outcome, StageEnd
 
 log = logging.getLogger("worker.jobs")
 
@@ -136,9 +136,9 @@ class Completer:
             except (psycopg.DataError, UnicodeError) as exc:
                 reason = (str(exc).strip().splitlines() or [""])[0]
                 outcome.events = []  # they report the outcome that was not written
-                end = outcome.stage_end and StageEnd(outcome.stage_end.stage, "failed")
+                end = outcome.stage_end and StageEnd(outcome.stage_end.stage, StageStatus.FAILED)
                 refused = Outcome(
-                    "failed",
+                    OutcomeKind.FAILED,
                     error=f"the job's outcome could not be stored: {type(exc).__name__}: {reason}",
                     stage_end=end,
                 )

@@ -28,7 +28,7 @@ from psycopg.types.json import set_json_loads
 from psycopg.types.string import TextLoader
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from worker.db.engine import connect_options
+from worker.db.connect import async_pool, connect
 from worker.logs import fields, scrub
 
 log = logging.getLogger("worker.daemon")
@@ -187,17 +187,19 @@ def _pool(
     configure: Callable[[psycopg.AsyncConnection[Any]], Awaitable[None]],
     name: str,
 ) -> AsyncConnectionPool:
-    return AsyncConnectionPool(
+    # Named "durable-worker" whichever pool: operators and the tests find the daemon's
+    # sessions by that name; the pool's own name tells them apart in its logs.
+    pool = async_pool(
         url,
+        "durable-worker",
         min_size=min_size,
         max_size=max_size,
-        kwargs={"autocommit": True, **connect_options(url, "durable-worker")},
         configure=configure,
-        open=False,
         timeout=POOL_WAIT,
         reconnect_timeout=RECONNECT_WINDOW,
-        name=name,
     )
+    pool.name = name
+    return pool
 
 
 def describe(exc: BaseException) -> str:
@@ -337,7 +339,7 @@ def wait_for_database(url: str, timeout: float | None) -> None:
     warned = False
     while True:
         try:
-            with psycopg.connect(url, **connect_options(url, "durable-worker")):
+            with connect(url, "durable-worker"):
                 if warned:
                     waited = time.monotonic() - started
                     log.warning(

@@ -31,9 +31,17 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 from uuid import UUID
 
-import psycopg
 from psycopg_pool import AsyncConnectionPool
 
+from worker.attempt import (
+    ClaimedJob,
+    Executable,
+    Outcome,
+    OutcomeKind,
+    StageEnd,
+    TaskTimeout,
+    settled_before_start,
+)
 from worker.daemon.completer import Completer
 from worker.daemon.db import (
     TRANSIENT,
@@ -48,26 +56,14 @@ from worker.daemon.db import (
 from worker.daemon.duties import Heartbeat, Rescuer, Retention
 from worker.daemon.stage_writes import StageWrite, StageWrites
 from worker.db import sql
-from worker.db.engine import connect_options
+from worker.db.connect import aconnect
+from worker.encoding import NotStorable, dumps
 from worker.events import PostgresBus, ProgressBus
 from worker.logs import fields
+from worker.models import StageStatus
 from worker.settings import Settings
 from worker.stages import Pipeline, StageRow
-from worker.tasks import (
-    REGISTRY,
-    ClaimedJob,
-    Context,
-    Executable,
-    JobCancelled,
-    NotStorable,
-    Outcome,
-    PauseForResolution,
-    Snooze,
-    StageEnd,
-    TaskTimeout,
-    dumps,
-    settled_before_start,
-)
+from worker.tasks import REGISTRY, Context, JobCancelled, PauseForResolution, Snooze
 
 log = logging.getLogger("worker.daemon")
 job_log = logging.getLogger("worker.jobs")
@@ -444,9 +440,7 @@ class Worker:
         # A new session is the proof: a server shutting down still answers on sessions it has
         # not cut yet, but accepts no new ones. Then sessions idle in the pool since before the
         # outage, likely dead, are replaced rather than left to fail the next statements.
-        async with await psycopg.AsyncConnection.connect(
-            self.url, **connect_options(self.url, "durable-worker")
-        ):
+        async with await aconnect(self.url, "durable-worker", autocommit=False):
             pass
         await self.pool.check()
         await self._claims.check()
@@ -626,17 +620,17 @@ class Worker:
             )
             if unreadable is not None:
                 outcome = Outcome(
-                    "failed",
+                    OutcomeKind.FAILED,
                     error=f"the job's payload cannot be decoded: {unreadable.reason} (about "
                     "1000 levels); store it flatter or pass a reference",
                 )
                 if job.first_stage_started and isinstance(entry, Pipeline):
                     # The claim started its first stage, which cannot run either.
-                    outcome.stage_end = StageEnd(entry.main_stages[0].name, "failed")
+                    outcome.stage_end = StageEnd(entry.main_stages[0].name, StageStatus.FAILED)
             elif entry is None:
                 # A cancel requested while the job waited wins over the unknown name.
                 outcome = settled_before_start(job, cancel.is_set()) or Outcome(
-                    "failed",
+                    OutcomeKind.FAILED,
                     error=f"no task named {job.task!r} is registered with this worker "
                     f"(known: {', '.join(sorted(self.registry)) or 'none'})",
                 )
@@ -649,12 +643,15 @@ class Worker:
                     deadline=time.monotonic() + timeout if timeout else None,
                 )
                 outcome = await self._attempt(entry, ctx)
-                if outcome.kind in ("completed", "paused") and outcome.result_json is None:
+                if (
+                    outcome.kind in (OutcomeKind.COMPLETED, OutcomeKind.PAUSED)
+                    and outcome.result_json is None
+                ):
                     try:
                         outcome.result_json = dumps(outcome.result)
                     except NotStorable as exc:
                         outcome = Outcome(
-                            "failed", error=f"task {job.task} returned a value that {exc}"
+                            OutcomeKind.FAILED, error=f"task {job.task} returned a value that {exc}"
                         )
             if outcome.error is not None:
                 outcome.error = storable_text(outcome.error)
@@ -688,19 +685,20 @@ class Worker:
         try:
             return await entry.execute(ctx)
         except JobCancelled:
-            return Outcome("cancelled", error="cancelled")
+            return Outcome(OutcomeKind.CANCELLED, error="cancelled")
         except Snooze as snooze:
-            return Outcome("snoozed", delay=snooze.seconds)
+            return Outcome(OutcomeKind.SNOOZED, delay=snooze.seconds)
         except PauseForResolution as pause:
-            return Outcome("paused", result=pause.question)
+            return Outcome(OutcomeKind.PAUSED, result=pause.question)
         except TaskTimeout as exc:
-            return Outcome("retry", error=str(exc))
+            return Outcome(OutcomeKind.RETRY, error=str(exc))
         except JobLost as exc:
             log.warning("%s", exc, extra=fields("job.lost", job_id=ctx.job_id))
-            return Outcome("retry", error=str(exc))  # the guarded outcome write skips it
+            return Outcome(OutcomeKind.RETRY, error=str(exc))  # the guarded outcome write skips it
         except Exception as exc:
             return Outcome(
-                "retry", error=f"{type(exc).__name__}: {exc}\n" + traceback.format_exc(limit=30)
+                OutcomeKind.RETRY,
+                error=f"{type(exc).__name__}: {exc}\n" + traceback.format_exc(limit=30),
             )
 
     def _recorded(self, rows: list[tuple[Any, ...]]) -> None:
@@ -752,11 +750,7 @@ class Worker:
         lost = False
         while True:
             try:
-                async with await psycopg.AsyncConnection.connect(
-                    self.url,
-                    autocommit=True,
-                    **connect_options(self.url, "durable-worker-listener"),
-                ) as conn:
+                async with await aconnect(self.url, "durable-worker-listener") as conn:
                     await conn.execute("LISTEN worker_jobs")
                     await conn.execute("LISTEN worker_cancel")
                     delay = 0.1

@@ -22,7 +22,7 @@ from typing import Any
 import psycopg
 from psycopg.pq import TransactionStatus
 
-from worker.db.engine import connect_options
+from worker.db.connect import connect_options
 
 Rows = list[tuple[Any, ...]]
 

@@ -223,19 +223,21 @@ class LocalPostgres:
         return url
 
     def _ensure_database(self) -> None:
-        import psycopg
+        from psycopg import OperationalError
+
+        from worker.db.connect import connect
 
         deadline = time.monotonic() + 30
         while True:
             try:
-                with psycopg.connect(self.url("postgres"), autocommit=True) as conn:
+                with connect(self.url("postgres"), "durable-worker-setup") as conn:
                     found = conn.execute(
                         "SELECT 1 FROM pg_database WHERE datname = %s", (DATABASE,)
                     ).fetchone()
                     if not found:
                         conn.execute(f'CREATE DATABASE "{DATABASE}"')
                     return
-            except psycopg.OperationalError:
+            except OperationalError:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.2)

@@ -42,7 +42,7 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from worker.db import sql
-from worker.db.engine import connect_options
+from worker.db.connect import aconnect, async_pool
 from worker.models import ProgressEvent
 
 log = logging.getLogger("worker.events")
@@ -223,9 +223,7 @@ class PostgresBus:
         if not batch:
             return
         if self._conn is None or self._conn.closed:
-            self._conn = await psycopg.AsyncConnection.connect(
-                self.url, autocommit=True, **connect_options(self.url, APPLICATION_NAME)
-            )
+            self._conn = await aconnect(self.url, APPLICATION_NAME)
         try:
             self._gone(batch, await self._write(self._conn, batch))
         except _REFUSED:
@@ -271,15 +269,13 @@ class PostgresBus:
 
     async def _reader(self) -> AsyncConnectionPool[Any]:
         if self._pool is None:
-            self._pool = AsyncConnectionPool(
+            self._pool = async_pool(
                 self.url,
+                APPLICATION_NAME,
                 min_size=1,
                 max_size=self._pool_size,
-                kwargs={"autocommit": True, **connect_options(self.url, APPLICATION_NAME)},
-                open=False,
                 timeout=10.0,
                 reconnect_timeout=float("inf"),
-                name="worker-events",
             )
             await self._pool.open(wait=False)
         return self._pool
@@ -337,9 +333,7 @@ class PostgresBus:
     async def _listen(self) -> None:
         while True:
             try:
-                async with await psycopg.AsyncConnection.connect(
-                    self.url, autocommit=True, **connect_options(self.url, APPLICATION_NAME)
-                ) as conn:
+                async with await aconnect(self.url, APPLICATION_NAME) as conn:
                     await conn.execute(f"LISTEN {CHANNEL}")
                     # Anything written while nobody listened: every follower reads again.
                     for flags in list(self._followers.values()):

@@ -1,0 +1,122 @@
+"""Every connection, pool and engine the package opens is made here.
+
+One place decides how durable-worker talks to PostgreSQL: the libpq options that bound a dead
+host or a silently cut network, autocommit, the application name an operator sees in
+`pg_stat_activity`, and the pool parameters. The rest of the package asks for a connection
+by what it is for (`connect`, `aconnect`, `async_pool`) and never calls psycopg or SQLAlchemy
+to open one itself.
+
+What this does not do: it does not decide which database (see `worker.db.url`), and it does
+not retry; the callers that survive an outage (the daemon's `Patience`, the notifier, the
+client's enqueue) each say how.
+
+    with connect(url, "durable-worker-cli") as conn:
+        conn.execute("SELECT 1")
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from functools import lru_cache
+from typing import Any
+
+import psycopg
+from psycopg.conninfo import conninfo_to_dict
+from psycopg.rows import RowFactory
+from psycopg_pool import AsyncConnectionPool
+from sqlalchemy import Engine, create_engine
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+from worker.db.url import sqlalchemy_url
+
+# libpq options used unless the URL sets its own: a dead host fails a connection attempt in
+# 10 s instead of the system's minutes. A silently cut connection (no RST: a failed-over virtual
+# IP, a dropped route) is noticed in about a minute: by the keepalives when it is idle, and by
+# `tcp_user_timeout` when it has data unacknowledged (a statement sent as the cut came), which
+# TCP would otherwise retransmit for a quarter of an hour.
+CONNECT_DEFAULTS = {
+    "connect_timeout": "10",
+    "keepalives": "1",
+    "keepalives_idle": "30",
+    "keepalives_interval": "10",
+    "keepalives_count": "3",
+    "tcp_user_timeout": "60000",
+}
+
+
+def connect_options(url: str, application_name: str) -> dict[str, Any]:
+    """Keyword arguments for `psycopg.connect` on top of `url` (whose own options win)."""
+    given = conninfo_to_dict(url)
+    options: dict[str, Any] = {k: v for k, v in CONNECT_DEFAULTS.items() if k not in given}
+    options["fallback_application_name"] = application_name
+    return options
+
+
+def connect(
+    url: str,
+    name: str,
+    *,
+    autocommit: bool = True,
+    row_factory: RowFactory[Any] | None = None,
+    **options: Any,
+) -> psycopg.Connection[Any]:
+    """A blocking connection named `name` (its `application_name` unless the URL sets one)."""
+    kwargs = {**connect_options(url, name), **options, "autocommit": autocommit}
+    if row_factory is not None:
+        kwargs["row_factory"] = row_factory
+    return psycopg.connect(url, **kwargs)
+
+
+async def aconnect(
+    url: str, name: str, *, autocommit: bool = True, **options: Any
+) -> psycopg.AsyncConnection[Any]:
+    """The asyncio `connect`."""
+    kwargs = {**connect_options(url, name), **options, "autocommit": autocommit}
+    return await psycopg.AsyncConnection.connect(url, **kwargs)
+
+
+def async_pool(
+    url: str,
+    name: str,
+    *,
+    min_size: int,
+    max_size: int,
+    timeout: float,
+    reconnect_timeout: float,
+    configure: Callable[[psycopg.AsyncConnection[Any]], Awaitable[None]] | None = None,
+) -> AsyncConnectionPool[Any]:
+    """An autocommit pool, not opened yet (`await pool.open()`); `name` names its sessions."""
+    return AsyncConnectionPool(
+        url,
+        min_size=min_size,
+        max_size=max_size,
+        kwargs={"autocommit": True, **connect_options(url, name)},
+        configure=configure,
+        open=False,
+        timeout=timeout,
+        reconnect_timeout=reconnect_timeout,
+        name=name,
+    )
+
+
+def _engine_options(url: str) -> dict[str, Any]:
+    # A client's sessions are bounded as the daemon's are: a server that stops answering, or
+    # a network that drops without a word, fails a call instead of hanging it.
+    return {
+        "pool_pre_ping": True,
+        "pool_size": 5,
+        "max_overflow": 5,
+        "connect_args": connect_options(url, "durable-worker-client"),
+    }
+
+
+@lru_cache(maxsize=8)
+def sync_engine(url: str) -> Engine:
+    """The SQLAlchemy engine of `url`, one per process: the client's reads and admin writes."""
+    return create_engine(sqlalchemy_url(url), **_engine_options(url))
+
+
+@lru_cache(maxsize=8)
+def async_engine(url: str) -> AsyncEngine:
+    """The asyncio `sync_engine`."""
+    return create_async_engine(sqlalchemy_url(url), **_engine_options(url))

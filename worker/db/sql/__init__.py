@@ -1,0 +1,106 @@
+"""Every statement the package runs, named, a module per concern.
+
+Parameters use psycopg's `%(name)s` style; the client runs these through SQLAlchemy's
+`exec_driver_sql`, the daemon through psycopg directly. Each statement that can race another
+says in one line why it is safe. Callers name a statement as `sql.CLAIM`, wherever it lives:
+
+- `enqueue`: one job, a batch, and their idempotent twins;
+- `claim`: the worker's hot path, the claim and the outcome write;
+- `liveness`: registrations, heartbeats, the rescue of a dead worker's jobs;
+- `actions`: cancel, resume, retry and read one job; retention;
+- `stages`: a pipeline's stage bookkeeping;
+- `events`: progress events;
+- `admin`: the read-only questions of the HTTP edge, the CLI and the metrics.
+"""
+
+from worker.db.sql.actions import (
+    CANCEL,
+    GET_JOB,
+    GET_STAGES,
+    JOB_STATUS,
+    PRUNE_BATCH,
+    RESUME,
+    RETRY,
+)
+from worker.db.sql.admin import (
+    COUNT_LIVE_WORKERS,
+    COUNT_PRUNABLE,
+    COUNT_RETRYABLE,
+    FIND_JOBS,
+    HEALTH,
+    JOB_STATS,
+    LAST_EVENTS,
+    LIST_WORKERS,
+    QUEUE_STATS,
+    RETRY_BATCH,
+    SET_LEASE,
+    STUCK_BY_QUEUE,
+)
+from worker.db.sql.claim import (
+    CLAIM,
+    CLAIM_ONE_QUEUE,
+    RECORD_OUTCOMES,
+)
+from worker.db.sql.enqueue import (
+    ENQUEUE,
+    ENQUEUE_AGAIN,
+    ENQUEUE_MANY,
+    ENQUEUE_MANY_AGAIN,
+    ENQUEUE_MANY_COPY,
+)
+from worker.db.sql.events import (
+    PUBLISH_EVENTS,
+    READ_EVENTS,
+)
+from worker.db.sql.liveness import (
+    DEREGISTER_WORKER,
+    HEARTBEAT,
+    HELD_JOBS,
+    REGISTER_WORKER,
+    RELEASE,
+    RESCUE,
+)
+from worker.db.sql.stages import (
+    RECORD_FINAL_ERROR,
+    STAGE_WRITES,
+)
+
+__all__ = [
+    "CANCEL",
+    "CLAIM",
+    "CLAIM_ONE_QUEUE",
+    "COUNT_LIVE_WORKERS",
+    "COUNT_PRUNABLE",
+    "COUNT_RETRYABLE",
+    "DEREGISTER_WORKER",
+    "ENQUEUE",
+    "ENQUEUE_AGAIN",
+    "ENQUEUE_MANY",
+    "ENQUEUE_MANY_AGAIN",
+    "ENQUEUE_MANY_COPY",
+    "FIND_JOBS",
+    "GET_JOB",
+    "GET_STAGES",
+    "HEALTH",
+    "HEARTBEAT",
+    "HELD_JOBS",
+    "JOB_STATS",
+    "JOB_STATUS",
+    "LAST_EVENTS",
+    "LIST_WORKERS",
+    "PRUNE_BATCH",
+    "PUBLISH_EVENTS",
+    "QUEUE_STATS",
+    "READ_EVENTS",
+    "RECORD_FINAL_ERROR",
+    "RECORD_OUTCOMES",
+    "REGISTER_WORKER",
+    "RELEASE",
+    "RESCUE",
+    "RESUME",
+    "RETRY",
+    "RETRY_BATCH",
+    "SET_LEASE",
+    "STAGE_WRITES",
+    "STUCK_BY_QUEUE",
+]

@@ -1,0 +1,110 @@
+"""Read-only questions of the HTTP edge, the CLI and the metrics, and the CLI's bulk writes."""
+
+# Read-only: counts per queue and status; the pending age counts from when a job became due
+# (`run_at`), so a job delayed on purpose is not reported as waiting.
+JOB_STATS = """
+SELECT queue, status, count(*) AS jobs,
+       extract(epoch FROM now() - min(run_at) FILTER (WHERE status = 'pending'
+                                                      AND run_at <= now())) AS oldest_pending
+FROM worker.jobs GROUP BY queue, status ORDER BY queue, status
+"""
+
+# The health check: the database answers and holds the worker schema.
+HEALTH = "SELECT to_regclass('worker.jobs') IS NOT NULL AS has_schema"
+
+# -- operators' tools (the `worker` CLI, metrics) -----------------------------------------
+
+# Read-only. Newest first; a NULL parameter skips its filter; ages are seconds before now()
+# on the database's clock. Two ways to page: keyset on (created_at, id) for the API, so rows
+# inserted meanwhile never shift a page, and OFFSET for the CLI's numbered pages. One row more
+# than the page is read, to tell whether more follow.
+FIND_JOBS = """
+SELECT id, queue, task, status, priority, retry_count, split_part(error, E'\\n', 1) AS error,
+       created_at, run_at, started_at, finished_at
+FROM worker.jobs
+WHERE (%(status)s::text IS NULL OR status = %(status)s::text)
+  AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+  AND (%(task)s::text IS NULL OR task = %(task)s::text)
+  AND (%(older)s::float8 IS NULL OR created_at < now() - make_interval(secs => %(older)s))
+  AND (%(newer)s::float8 IS NULL OR created_at >= now() - make_interval(secs => %(newer)s))
+  AND (%(before_at)s::timestamptz IS NULL
+       OR (created_at, id) < (%(before_at)s::timestamptz, %(before_id)s::uuid))
+ORDER BY created_at DESC, id DESC
+LIMIT %(limit)s OFFSET %(offset)s
+"""
+
+# Read-only: the newest events of one job (job_events_job_idx), for `worker show`.
+LAST_EVENTS = """
+SELECT id, step, status, message, created_at FROM worker.job_events
+WHERE job_id = %(job_id)s ORDER BY id DESC LIMIT %(limit)s
+"""
+
+# Read-only: the admin view (migration 0002), live rows and the last hour only.
+QUEUE_STATS = """
+SELECT queue, pending, scheduled, processing, paused, failed_last_hour, oldest_pending_seconds,
+       completed_last_minute
+FROM worker.queue_stats ORDER BY queue
+"""
+
+# Read-only: registered workers with the jobs they hold (jobs_processing_idx); a heartbeat
+# older than the lease means the worker is presumed dead and its jobs are due for rescue.
+LIST_WORKERS = """
+SELECT w.id, w.hostname, w.pid, w.queues, w.concurrency, w.started_at, w.heartbeat_at,
+       extract(epoch FROM now() - w.heartbeat_at)::float8 AS heartbeat_age,
+       array(SELECT j.id::text FROM worker.jobs AS j
+             WHERE j.status = 'processing' AND j.worker_id = w.id ORDER BY j.started_at) AS jobs
+FROM worker.workers AS w ORDER BY w.started_at, w.id
+"""
+
+# Read-only: how many jobs a bulk retry will move (for its progress bar), and the cutoff that
+# keeps a job failing again during the retry from being picked up a second time.
+COUNT_RETRYABLE = """
+SELECT count(*) AS jobs, now() AS cutoff FROM worker.jobs
+WHERE status = %(status)s::text AND status IN ('failed', 'cancelled')
+  AND (%(task)s::text IS NULL OR task = %(task)s::text)
+  AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+  AND (finished_at <= now() OR finished_at IS NULL)
+"""
+
+# Safe: a bounded batch per statement under SKIP LOCKED, so a bulk retry never waits on a
+# worker or an operator holding a row; moved rows leave the filter (and the cutoff keeps them
+# out if they fail again), so repeating the statement walks the set once. Same reset as RETRY;
+# one NOTIFY per queue and batch.
+RETRY_BATCH = """
+WITH batch AS (
+    SELECT id FROM worker.jobs
+    WHERE status = %(status)s::text AND status IN ('failed', 'cancelled')
+      AND (%(task)s::text IS NULL OR task = %(task)s::text)
+      AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+      AND (finished_at <= %(cutoff)s::timestamptz OR finished_at IS NULL)
+    LIMIT %(batch)s
+    FOR UPDATE SKIP LOCKED
+), moved AS (
+    UPDATE worker.jobs AS j SET status = 'pending', retry_count = 0, run_at = now(),
+           finished_at = NULL, cancel_requested = false, error = NULL, final_error = NULL
+    FROM batch WHERE j.id = batch.id
+    RETURNING j.id, j.queue
+), renumbered AS (
+    UPDATE worker.job_stages AS s SET attempt = 0 FROM moved WHERE s.job_id = moved.id
+)
+SELECT queue, count(*) AS moved, pg_notify('worker_jobs', queue) IS NULL AS _
+FROM moved GROUP BY queue
+"""
+
+# Read-only: how many finished jobs a prune will delete (jobs_finished_idx), for its progress.
+COUNT_PRUNABLE = """
+SELECT count(*) FROM worker.jobs
+WHERE status = ANY(%(statuses)s::text[]) AND finished_at < %(before)s
+"""
+
+# The lease the worker.stuck_jobs view applies in this session (it cannot read WORKER_*).
+SET_LEASE = "SELECT set_config('worker.lease_seconds', %(lease)s::text, false)"
+
+# Read-only: stuck jobs per queue, for the metrics (the view decides with SET_LEASE's lease).
+STUCK_BY_QUEUE = "SELECT queue, count(*) FROM worker.stuck_jobs GROUP BY queue"
+
+# Read-only: workers whose heartbeat is within the lease.
+COUNT_LIVE_WORKERS = """
+SELECT count(*) FROM worker.workers
+WHERE heartbeat_at >= now() - make_interval(secs => %(lease)s)
+"""

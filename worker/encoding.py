@@ -1,0 +1,54 @@
+"""Values as PostgreSQL's `jsonb` stores them: every payload, result, output and question."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+JSON = Any
+
+
+class NotStorable(TypeError):
+    """A value PostgreSQL's `jsonb` cannot hold; the message, read after "the value", says why."""
+
+
+# One encoder for every value: `json.dumps` with options builds a new encoder per call.
+_ENCODE = json.JSONEncoder(allow_nan=False, separators=(",", ":"), ensure_ascii=False).encode
+# An escaped NUL: `\u0000` after an even number of backslashes (an odd number means the
+# backslash itself was escaped, and the text is the harmless characters "\u0000").
+_ESCAPED_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+
+
+def dumps(value: JSON) -> str:
+    """JSON text that PostgreSQL's `jsonb` accepts, or `NotStorable` saying why not.
+
+    Python's encoder writes happily what `jsonb` refuses (NaN, a NUL character, half of a
+    surrogate pair) and gives up on values nested thousands deep; every payload, result,
+    output and question goes through here, so each is refused with the same clear words.
+
+    >>> dumps({"a": [1, 2]})
+    '{"a":[1,2]}'
+    >>> dumps({"x": "a\\x00b"})
+    Traceback (most recent call last):
+    ...
+    worker.encoding.NotStorable: is not storable: it contains a NUL character (\\u0000), ...
+    """
+    try:
+        text = _ENCODE(value)
+    except (TypeError, ValueError) as exc:
+        raise NotStorable(f"is not JSON-serialisable: {exc}") from None
+    except RecursionError:
+        raise NotStorable("is nested too deeply to be stored as JSON") from None
+    if "\\u0000" in text and _ESCAPED_NUL.search(text):
+        raise NotStorable(
+            "is not storable: it contains a NUL character (\\u0000), which PostgreSQL refuses"
+        )
+    if not text.isascii():
+        try:
+            text.encode()
+        except UnicodeEncodeError:
+            raise NotStorable(
+                "is not storable: it contains half of a UTF-16 surrogate pair"
+            ) from None
+    return text
