@@ -32,6 +32,17 @@ def scrub(text: str) -> str:
     return _SECRET.sub(r"\1:***@", text) if "://" in text else text
 
 
+def first_line(exc: BaseException) -> str:
+    """What went wrong in one line: the database's own words, without the statement
+    SQLAlchemy appends, and without any password.
+
+    >>> first_line(ValueError("bad value\\nLINE 1: SELECT ..."))
+    'bad value'
+    """
+    text = str(getattr(exc, "orig", None) or exc).strip()
+    return scrub(text.splitlines()[0]) if text else type(exc).__name__
+
+
 def fields(event: str, **values: object) -> dict[str, object]:
     """The `extra=` of a log call: an event name and its fields (JSON lines carry them).
 
