@@ -1,11 +1,12 @@
 """Pipelines: jobs made of named stages whose outputs are kept across attempts.
 
 `Pipeline` declares the stages (`worker.stages.pipeline`), `StageStore` is where their state
-lives (`worker.stages.store`), and the runner runs one attempt (`worker.stages.runner`).
+lives (`worker.stages.store`), the runner runs one attempt (`worker.stages.runner`), and how
+each run of a stage ended is decided in `worker.stages.endings`.
 """
 
+from worker.stages.endings import StageDeadlineExceeded
 from worker.stages.pipeline import ALL_DONE, ALL_SUCCESS, Pipeline, Stage, TriggerRule
-from worker.stages.runner import StageDeadlineExceeded
 from worker.stages.store import StageRow, StageStore
 
 __all__ = [

@@ -56,6 +56,7 @@ from typing import Any, TypeVar, overload
 from worker.attempt import JSON, Outcome
 from worker.schema import MAX_TASK_NAME
 from worker.stages import runner
+from worker.stages.store import UNFINISHED, StageKind, StageRow
 from worker.tasks import Context, register
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -75,6 +76,8 @@ ALL_SUCCESS = TriggerRule.ALL_SUCCESS
 
 @dataclass
 class Stage:
+    """One stage of a pipeline: its function, when it runs, and its own deadline (seconds)."""
+
     name: str
     fn: Callable[..., Any]
     rule: TriggerRule
@@ -112,7 +115,7 @@ class Pipeline:
         self.name = name
         self.timeout = timeout
         self.stages: list[Stage] = []
-        self._result = result
+        self.result = result
         register(self)
 
     @overload
@@ -199,6 +202,22 @@ class Pipeline:
     @property
     def cleanups(self) -> Sequence[Stage]:
         return [s for s in self.stages if s.rule is ALL_DONE]
+
+    def _unclean_attempt(self, rows: dict[str, StageRow]) -> int | None:
+        """The latest attempt whose stages ran but whose cleanups did not (all) run.
+
+        `sql.CANCEL` computes the same thing in SQL; keep the two in step.
+        """
+        if not self.cleanups:
+            return None
+        cleaned = min(
+            (r.attempt if (r := rows.get(c.name)) and r.status not in UNFINISHED else 0)
+            for c in self.cleanups
+        )
+        dirty = [
+            r.attempt for r in rows.values() if r.kind == StageKind.STAGE and r.attempt > cleaned
+        ]
+        return max(dirty) if dirty else None
 
     async def execute(self, ctx: Context) -> Outcome:
         """Run one attempt of this pipeline for the job `ctx` holds (see `worker.stages.runner`)."""

@@ -1,159 +1,108 @@
-"""Running one attempt of a pipeline: which stages run, and what their ends write and report.
+"""Running one attempt of a pipeline, as a state machine: its phases, and what a stage end means.
 
-An attempt resumes after the last completed stage, runs the remaining stages in order, then the
-cleanups, and hands the daemon an `Outcome` (with the stage end that goes with it, and the
-events to publish once it is written). What it does not do: write the job's outcome (the
-daemon's completer does), or touch the database (it writes through a `StageStore`).
+An attempt goes through these phases (`Phase`), each a method of `PipelineRun` that returns
+the next one:
+
+- RESUMING: read what earlier claims stored; close the stages a lost worker left open. Then
+  SETTLING if the job must not run at all, CLEANING_OWED if a lost attempt never ran its
+  cleanups, else STARTING.
+- SETTLING: close the open stages as the job ends (cancelled or failed), run the cleanup owed,
+  then FINISHING.
+- CLEANING_OWED: run the cleanups a lost attempt owes, then STARTING.
+- STARTING: FINISHING at once if cancelled before this attempt began a stage, else
+  RUNNING_STAGE.
+- RUNNING_STAGE: skip the stages completed before; stop at a cancel (CLEANING_UP); record the
+  next stage's start and run it (STAGE_ENDED); with none left, CONCLUDING.
+- STAGE_ENDED: a completed stage goes back to RUNNING_STAGE; a snooze or a pause is FINISHED
+  (the attempt goes on later); any other end is CLEANING_UP.
+- CONCLUDING: the job's result, then CLEANING_UP.
+- CLEANING_UP: run the `ALL_DONE` stages, then FINISHING (the job's own event), then FINISHED.
+
+How a stage ended (`Ending`) decides, in one table (`ENDINGS`), what is written to its row,
+which event reports it and when, and the `Outcome` the daemon gets. A completed stage is the
+exception: its end is written with the next write (the next stage's start, the first cleanup's
+start, or the job's outcome), so that a stage's output and what follows it commit together.
+
+What it does not do: write the job's outcome (the daemon's completer does, with the stage end
+the outcome carries), or touch the database (every write goes through a `StageStore`).
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import traceback
-from typing import TYPE_CHECKING, Any, cast
+from collections.abc import Awaitable, Callable, Sequence
+from enum import StrEnum
+from typing import TYPE_CHECKING, Protocol, cast
 
 from worker.attempt import (
     JSON,
+    ClaimedJob,
     Outcome,
     OutcomeKind,
+    Runtime,
     StageEnd,
-    call,
     settled_before_start,
 )
 from worker.encoding import NotStorable, dumps
 from worker.models import EventStatus, StageStatus
-from worker.stages.store import StageRow, StageStore
-from worker.tasks import Context, JobCancelled, PauseForResolution, Snooze
+from worker.stages.endings import ENDINGS, Ended, Ending, invoke, short_error, traceback_text
+from worker.stages.store import OPEN, StageKind, StageRow, StageStore
+from worker.tasks import Context
 
 if TYPE_CHECKING:
     from worker.stages.pipeline import Pipeline, Stage
 
 log = logging.getLogger("worker.jobs")
 
-# Stage rows still open: a stage that was running, snoozing or waiting for an answer.
-_OPEN = ("running", "snoozed", "paused")
-# Cleanup rows of an attempt that did not finish its cleanups: one ran, or had yet to run.
-_UNFINISHED = ("running", "waiting")
+
+class StageRuntime(Runtime, Protocol):
+    """The runtime a pipeline runs in: the daemon's, which also lends its stage store."""
+
+    store: StageStore
 
 
-class StageDeadlineExceeded(Exception):
-    """A stage ran (or kept snoozing) past its own deadline; the job fails without a retry."""
+class Phase(StrEnum):
+    """Where an attempt of a pipeline is."""
+
+    RESUMING = "resuming"  # reading what earlier claims stored, closing what a lost one left
+    SETTLING = "settling"  # the job must not run: close its open rows, run the owed cleanup
+    CLEANING_OWED = "cleaning_owed"  # a lost worker's attempt never cleaned up: do it first
+    STARTING = "starting"  # this attempt begins, or ends cancelled before it began
+    RUNNING_STAGE = "running_stage"
+    STAGE_ENDED = "stage_ended"
+    CONCLUDING = "concluding"  # every stage is done: the job's result
+    CLEANING_UP = "cleaning_up"  # the ALL_DONE stages, after the attempt ended
+    FINISHING = "finishing"  # the job's own event, when the outcome ends the job
+    FINISHED = "finished"
 
 
-def _short_error(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"
+# The event that reports a stage row closed with this status.
+_REPORTED: dict[StageStatus, EventStatus] = {
+    StageStatus.COMPLETED: "completed",
+    StageStatus.FAILED: "failed",
+    StageStatus.CANCELLED: "cancelled",
+    StageStatus.PAUSED: "paused",
+}
+# The job's own event for an outcome that ends it (failing for good is decided apart).
+_JOB_ENDS: dict[OutcomeKind, EventStatus] = {
+    OutcomeKind.COMPLETED: "completed",
+    OutcomeKind.CANCELLED: "cancelled",
+}
 
 
-def _traceback(exc: BaseException) -> str:
-    return "".join(traceback.format_exception(exc, limit=20))
-
-
-async def _unstorable(ctx: Context, store: StageStore, stage: str, exc: NotStorable) -> str:
-    """Record `stage` failed for an output that cannot be stored (not JSON, or past one of
-    PostgreSQL's limits) and report it; returns the error, for the job's."""
-    error = f"stage {stage} returned a value that {exc}"
-    await store.finished(ctx.job, stage, "failed", error=error)
-    ctx.emit(stage, "failed", {"error": error})
-    return error
-
-
-def _stage_error(stage: str, exc: BaseException) -> str:
-    return f"stage {stage} failed: {_short_error(exc)}\n" + _traceback(exc)
-
-
-def unclean_attempt(pipeline: Pipeline, rows: dict[str, StageRow]) -> int | None:
-    """The latest attempt whose stages ran but whose cleanups did not (all) run.
-
-    `sql.CANCEL` computes the same thing in SQL; keep the two in step.
-    """
-    if not pipeline.cleanups:
-        return None
-    cleaned = min(
-        (r.attempt if (r := rows.get(c.name)) and r.status not in _UNFINISHED else 0)
-        for c in pipeline.cleanups
+def fails_for_good(job: ClaimedJob, outcome: Outcome) -> bool:
+    """True if this outcome ends the job failed: no retry follows it."""
+    return outcome.kind == OutcomeKind.FAILED or (
+        outcome.kind == OutcomeKind.RETRY and job.retry_count >= job.max_retries
     )
-    dirty = [r.attempt for r in rows.values() if r.kind == "stage" and r.attempt > cleaned]
-    return max(dirty) if dirty else None
 
 
-async def execute(pipeline: Pipeline, ctx: Context) -> Outcome:
-    store: StageStore = ctx.runtime.store  # type: ignore[attr-defined]
-    job = ctx.job
-    # On a job's first run the claim started its first stage, and there is nothing to read.
-    rows = {} if job.first_stage_started else {r.stage: r for r in await store.load(job.id)}
-    ctx.outputs.update(
-        {
-            name: r.output
-            for name, r in rows.items()
-            if r.kind == "stage" and r.status == "completed"
-        }
-    )
-    unclean = unclean_attempt(pipeline, rows)
-
-    # Stages an earlier attempt left open were cut off with their worker: say so.
-    interrupted = ""
-    for row in rows.values():
-        if row.kind == "stage" and row.status in _OPEN and row.attempt < job.attempt:
-            interrupted = f"the worker running attempt {row.attempt} was lost in {row.stage}"
-            await store.finished(job, row.stage, "failed", error=f"interrupted: {interrupted}")
-            ctx.emit(row.stage, "failed", {"error": f"interrupted: {interrupted}"})
-            row.status = "failed"
-
-    # A cancel that came after the claim is met at the first stage boundary, which also
-    # ends the stage the claim started.
-    settled = settled_before_start(job)
-    if settled is not None:
-        if settled.kind == "failed" and not job.last_error and interrupted:
-            settled.error = f"out of attempts: {interrupted}"
-        # Cancelled while it waited, or out of attempts after a lost worker: only the
-        # cleanup the last attempt owes is left to do.
-        closing: EventStatus = "cancelled" if settled.kind == "cancelled" else "failed"
-        for row in rows.values():
-            if row.kind == "stage" and row.status in _OPEN:
-                await store.finished(job, row.stage, closing, error=settled.error)
-                ctx.emit(row.stage, closing)
-        if unclean is not None:
-            errors = await _run_cleanups(pipeline, ctx, store, unclean)
-            settled = _with_cleanup_errors(settled, errors)
-        return _finish(ctx, settled)
-    owed_errors: list[str] = []
-    if unclean is not None and unclean < job.attempt:
-        # The attempt that ran these stages is over (its worker was lost) and never
-        # cleaned up after itself: do it now, before this attempt starts.
-        owed_errors = await _run_cleanups(pipeline, ctx, store, unclean)
-
-    # Begun by the claim, or by an earlier claim of this attempt (before a snooze, a pause
-    # or a hand-back).
-    began = job.first_stage_started or any(
-        r.kind == "stage" and r.attempt == job.attempt for r in rows.values()
-    )
-    left = [s.name for s in pipeline.main_stages if s.name not in ctx.outputs]
-    if ctx.cancelled and left and not began:
-        # An attempt cancelled before it began a stage has nothing to clean up: the one
-        # before it cleaned up at its end, or as owed just now.
-        cancelled = Outcome(OutcomeKind.CANCELLED, error=f"cancelled before stage {left[0]}")
-        return _finish(ctx, _with_cleanup_errors(cancelled, owed_errors))
-    if owed_errors:
-        log.warning(
-            "job %s: cleanup owed by attempt %d failed (%s); attempt %d goes on",
-            job.id,
-            unclean,
-            "; ".join(owed_errors),
-            job.attempt,
-        )
-    outcome = await _run_stages(pipeline, ctx, store, rows, began)
-    if outcome.kind in ("snoozed", "paused"):
-        return outcome  # the attempt goes on later; nothing to clean up yet
-    errors = await _run_cleanups(pipeline, ctx, store, job.attempt, after=outcome)
-    return _finish(ctx, _with_cleanup_errors(outcome, errors))
-
-
-def _with_cleanup_errors(outcome: Outcome, errors: list[str]) -> Outcome:
+def with_cleanup_errors(outcome: Outcome, errors: list[str]) -> Outcome:
+    """The outcome of an attempt whose cleanups failed with `errors`."""
     if not errors:
         return outcome
     note = "; ".join(errors)
-    if outcome.kind == "completed":
+    if outcome.kind == OutcomeKind.COMPLETED:
         # Every stage is done, so the retry runs the cleanups only.
         return Outcome(OutcomeKind.RETRY, error=f"cleanup failed: {note}")
     # The original error stays first: it is what went wrong; the cleanup comes after.
@@ -161,211 +110,366 @@ def _with_cleanup_errors(outcome: Outcome, errors: list[str]) -> Outcome:
     return outcome
 
 
-async def _run_stages(
-    pipeline: Pipeline, ctx: Context, store: StageStore, rows: dict[str, StageRow], began: bool
-) -> Outcome:
-    job = ctx.job
-    last_output: JSON = None
-    # A stage done whose completion is not recorded yet. It is recorded with the next
-    # write, in one commit: the next stage's start, the first cleanup's start, or the job's
-    # outcome; always before anything else runs.
-    done: tuple[str, str] | None = None
-    claim_started_it = job.first_stage_started
+async def execute(pipeline: Pipeline, ctx: Context) -> Outcome:
+    """Run one attempt of `pipeline` for the job `ctx` holds; the outcome for the daemon."""
+    return await PipelineRun(pipeline, ctx).run()
 
-    def hand_over(outcome: Outcome) -> Outcome:
-        if done is not None:
-            outcome.stage_end = StageEnd(done[0], StageStatus.COMPLETED, done[1])
-        elif claim_started_it:  # cancelled before the stage the claim started ever ran
-            outcome.stage_end = StageEnd(pipeline.main_stages[0].name, StageStatus.CANCELLED)
-        if outcome.stage_end is not None:  # reported once it is written
-            end = outcome.stage_end
-            outcome.events.append(ctx.event(end.stage, cast(EventStatus, str(end.status))))
-        return outcome
 
-    async def cancelled_during(name: str) -> Outcome:
-        await store.finished(job, name, "cancelled")
-        error = f"cancelled during stage {name}"
-        return Outcome(OutcomeKind.CANCELLED, error=error, events=[ctx.event(name, "cancelled")])
+class PipelineRun:
+    """One attempt of a pipeline, phase by phase; `run` returns its outcome."""
 
-    for stage in pipeline.main_stages:
-        row = rows.get(stage.name)
-        if row is not None and row.status == "completed":
-            last_output = row.output
-            if not began:  # reported once per attempt, not on each return from a snooze
-                ctx.emit(stage.name, "skipped", {"reason": "completed in an earlier attempt"})
-            continue
-        if ctx.cancelled:  # the stage boundary: a cancel request stops the job here
-            cancelled = Outcome(OutcomeKind.CANCELLED, error=f"cancelled before stage {stage.name}")
-            if done is None and not claim_started_it and row and row.status in _OPEN:
-                # Its row is open from before (snoozed, paused, or handed back running).
-                await store.finished(job, stage.name, "cancelled")
-                cancelled.events.append(ctx.event(stage.name, "cancelled"))
-            return hand_over(cancelled)
-        if done is not None:
-            try:
-                age = await store.advance(job, done[0], done[1], stage.name, "stage", job.attempt)
-            except NotStorable as exc:  # past one of PostgreSQL's limits: no retry helps
-                return Outcome(
-                    OutcomeKind.FAILED, error=await _unstorable(ctx, store, done[0], exc)
+    def __init__(self, pipeline: Pipeline, ctx: Context) -> None:
+        self.pipeline = pipeline
+        self.ctx = ctx
+        self.job = ctx.job
+        self.store = cast(StageRuntime, ctx.runtime).store
+        self.rows: dict[str, StageRow] = {}
+        self.unclean: int | None = None  # the attempt whose cleanups are owed, if one is
+        self.interrupted = ""  # how an earlier attempt was cut off, if one was
+        self.owed_errors: list[str] = []
+        self.began = False  # this attempt began a stage before this claim
+        # The claim recorded the first stage running, and it has not run yet.
+        self.claim_started = self.job.first_stage_started
+        # A stage done whose completion is not recorded yet. It is recorded with the next
+        # write, in one commit: the next stage's start, the first cleanup's start, or the
+        # job's outcome; always before anything else runs.
+        self.done: Ended | None = None
+        self.last_output: JSON = None
+        self.position = 0  # the next stage to run, in `pipeline.main_stages`
+        self.ended: Ended | None = None
+        self.outcome = Outcome(OutcomeKind.RETRY)
+        self._phases: dict[Phase, Callable[[], Awaitable[Phase]]] = {
+            Phase.RESUMING: self._resume,
+            Phase.SETTLING: self._settle,
+            Phase.CLEANING_OWED: self._clean_owed,
+            Phase.STARTING: self._start,
+            Phase.RUNNING_STAGE: self._run_stage,
+            Phase.STAGE_ENDED: self._stage_ended,
+            Phase.CONCLUDING: self._conclude,
+            Phase.CLEANING_UP: self._clean_up,
+            Phase.FINISHING: self._finish,
+        }
+
+    async def run(self) -> Outcome:
+        phase = Phase.RESUMING
+        while phase is not Phase.FINISHED:
+            phase = await self._phases[phase]()
+        return self.outcome
+
+    # -- the phases --------------------------------------------------------------------------
+
+    async def _resume(self) -> Phase:
+        job = self.job
+        # On a job's first run the claim started its first stage, and there is nothing to read.
+        if not job.first_stage_started:
+            self.rows = {r.stage: r for r in await self.store.load(job.id)}
+        self.ctx.outputs.update(
+            {
+                name: r.output
+                for name, r in self.rows.items()
+                if r.kind == StageKind.STAGE and r.status == StageStatus.COMPLETED
+            }
+        )
+        self.unclean = self.pipeline._unclean_attempt(self.rows)
+        # Stages an earlier attempt left open were cut off with their worker: say so.
+        for row in self._open_stage_rows():
+            if row.attempt < job.attempt:
+                self.interrupted = (
+                    f"the worker running attempt {row.attempt} was lost in {row.stage}"
                 )
-            ctx.emit(done[0], "completed")
-            done = None
-        elif claim_started_it:
-            age, claim_started_it = 0.0, False
-        else:
-            age = await store.started(job, stage.name, "stage", job.attempt)
-        if row is None or row.status != "snoozed":
-            ctx.emit(stage.name, "started", {"attempt": job.attempt})
+                error = f"interrupted: {self.interrupted}"
+                await self._close_row(row, StageStatus.FAILED, error, {"error": error})
+        # A cancel that came after the claim is met at the first stage boundary, which also
+        # ends the stage the claim started.
+        settled = settled_before_start(job)
+        if settled is not None:
+            self.outcome = settled
+            return Phase.SETTLING
+        if self.unclean is not None and self.unclean < job.attempt:
+            return Phase.CLEANING_OWED
+        return Phase.STARTING
+
+    async def _settle(self) -> Phase:
+        # Cancelled while it waited, or out of attempts after a lost worker: only the cleanup
+        # the last attempt owes is left to do.
+        settled = self.outcome
+        if settled.kind == OutcomeKind.FAILED and not self.job.last_error and self.interrupted:
+            settled.error = f"out of attempts: {self.interrupted}"
+        closing = (
+            StageStatus.CANCELLED if settled.kind == OutcomeKind.CANCELLED else StageStatus.FAILED
+        )
+        for row in self._open_stage_rows():
+            await self._close_row(row, closing, settled.error, None)
+        if self.unclean is not None:
+            errors = await self._run_cleanups(self.unclean)
+            self.outcome = with_cleanup_errors(settled, errors)
+        return Phase.FINISHING
+
+    async def _clean_owed(self) -> Phase:
+        # The attempt that ran these stages is over (its worker was lost) and never cleaned up
+        # after itself: do it now, before this attempt starts.
+        assert self.unclean is not None  # the phase is entered only then
+        self.owed_errors = await self._run_cleanups(self.unclean)
+        return Phase.STARTING
+
+    async def _start(self) -> Phase:
+        job = self.job
+        # Begun by the claim, or by an earlier claim of this attempt (before a snooze, a pause
+        # or a hand-back).
+        self.began = job.first_stage_started or any(
+            r.kind == StageKind.STAGE and r.attempt == job.attempt for r in self.rows.values()
+        )
+        left = [s.name for s in self.pipeline.main_stages if s.name not in self.ctx.outputs]
+        if self.ctx.cancelled and left and not self.began:
+            # An attempt cancelled before it began a stage has nothing to clean up: the one
+            # before it cleaned up at its end, or as owed just now.
+            cancelled = Outcome(OutcomeKind.CANCELLED, error=f"cancelled before stage {left[0]}")
+            self.outcome = with_cleanup_errors(cancelled, self.owed_errors)
+            return Phase.FINISHING
+        if self.owed_errors:
+            log.warning(
+                "job %s: cleanup owed by attempt %d failed (%s); attempt %d goes on",
+                job.id,
+                self.unclean,
+                "; ".join(self.owed_errors),
+                job.attempt,
+            )
+        return Phase.RUNNING_STAGE
+
+    async def _run_stage(self) -> Phase:
+        stages, ctx = self.pipeline.main_stages, self.ctx
+        if self.position == len(stages):
+            return Phase.CONCLUDING
+        stage = stages[self.position]
+        row = self.rows.get(stage.name)
+        if row is not None and row.status == StageStatus.COMPLETED:
+            self.last_output = row.output
+            if not self.began:  # reported once per attempt, not on each return from a snooze
+                ctx.emit(stage.name, "skipped", {"reason": "completed in an earlier attempt"})
+            self.position += 1
+            return Phase.RUNNING_STAGE
+        if ctx.cancelled:  # the stage boundary: a cancel request stops the job here
+            self.outcome = await self._cancel_at_boundary(stage.name, row)
+            return Phase.CLEANING_UP
+        age = await self._record_start(stage.name)
+        if age is None:
+            return Phase.STAGE_ENDED  # the stage done before could not be recorded
+        if row is None or row.status != StageStatus.SNOOZED:
+            ctx.emit(stage.name, "started", {"attempt": self.job.attempt})
         ctx.step = stage.name
         try:
-            output = await _invoke(ctx, stage, age)
-        except Snooze as snooze:
-            if ctx.cancelled:
-                return await cancelled_during(stage.name)
-            await store.finished(job, stage.name, "snoozed")
-            return Outcome(OutcomeKind.SNOOZED, delay=snooze.seconds)
-        except PauseForResolution as pause:
-            if ctx.cancelled:
-                return await cancelled_during(stage.name)
-            await store.finished(job, stage.name, "paused")
-            # Reported once the job is `paused`: a client may resume it on seeing this.
-            paused = ctx.event(stage.name, "paused", {"question": pause.question})
-            return Outcome(OutcomeKind.PAUSED, result=pause.question, events=[paused])
-        except JobCancelled:
-            return await cancelled_during(stage.name)
-        except StageDeadlineExceeded as exc:
-            await store.finished(job, stage.name, "failed", error=str(exc))
-            ctx.emit(stage.name, "failed", {"error": _short_error(exc)})
-            return Outcome(
-                OutcomeKind.FAILED, error=f"stage {stage.name} failed: {_short_error(exc)}"
-            )
+            output = await invoke(ctx, stage, age)
         except Exception as exc:
-            await store.finished(job, stage.name, "failed", error=_stage_error(stage.name, exc))
-            ctx.emit(stage.name, "failed", {"error": _short_error(exc)})
-            return Outcome(OutcomeKind.RETRY, error=_stage_error(stage.name, exc))
+            self.ended = Ended.raised(stage.name, exc, ctx.cancelled)
+        else:
+            try:
+                text = dumps(output)
+            except NotStorable as exc:  # not JSON, or past PostgreSQL's limits: no retry helps
+                self.ended = Ended.not_storable(stage.name, exc)
+            else:
+                self.ended = Ended(Ending.COMPLETED, stage.name, output=output, text=text)
+        finally:
+            ctx.step = ""
+        return Phase.STAGE_ENDED
+
+    async def _stage_ended(self) -> Phase:
+        ended = self.ended
+        assert ended is not None  # the phase is entered only then
+        if ended.how is Ending.COMPLETED:
+            self.done = ended  # recorded with the next write
+            self.ctx.outputs[ended.stage] = self.last_output = ended.output
+            self.position += 1
+            return Phase.RUNNING_STAGE
+        self.outcome = await self._close(ended)
+        if self.outcome.kind in (OutcomeKind.SNOOZED, OutcomeKind.PAUSED):
+            return Phase.FINISHED  # the attempt goes on later; nothing to clean up yet
+        return Phase.CLEANING_UP
+
+    async def _conclude(self) -> Phase:
+        pipeline, done = self.pipeline, self.done
+        if pipeline.result is None:  # the last stage's output, encoded already if it ran now
+            ran_last = done is not None and done.stage == pipeline.main_stages[-1].name
+            encoded = done.text if done is not None and ran_last else dumps(self.last_output)
+            outcome = Outcome(OutcomeKind.COMPLETED, result=self.last_output, result_json=encoded)
+            self.outcome = self._hand_over(outcome)
+            return Phase.CLEANING_UP
+        # Whatever `result=` does, the last stage is recorded completed and reported.
+        try:
+            result = pipeline.result(dict(self.ctx.outputs))
+            encoded = dumps(result)
+        except NotStorable as exc:
+            error = f"pipeline {pipeline.name}: its result= returned a value that {exc}"
+            outcome = Outcome(OutcomeKind.FAILED, error=error)
+        except Exception as exc:
+            error = f"pipeline {pipeline.name}: its result= raised {short_error(exc)}\n"
+            outcome = Outcome(OutcomeKind.RETRY, error=error + traceback_text(exc))
+        else:
+            outcome = Outcome(OutcomeKind.COMPLETED, result=result, result_json=encoded)
+        self.outcome = self._hand_over(outcome)
+        return Phase.CLEANING_UP
+
+    async def _clean_up(self) -> Phase:
+        errors = await self._run_cleanups(self.job.attempt, after=self.outcome)
+        self.outcome = with_cleanup_errors(self.outcome, errors)
+        return Phase.FINISHING
+
+    async def _finish(self) -> Phase:
+        outcome = self.outcome
+        status: EventStatus | None
+        status = "failed" if fails_for_good(self.job, outcome) else _JOB_ENDS.get(outcome.kind)
+        if status is not None:
+            message = {"error": outcome.error.splitlines()[0]} if outcome.error else None
+            outcome.events.append(self.ctx.event("job", status, message))
+        return Phase.FINISHED
+
+    # -- what the phases share ---------------------------------------------------------------
+
+    def _open_stage_rows(self) -> list[StageRow]:
+        """Stage rows still open: running, snoozing or waiting for an answer."""
+        return [r for r in self.rows.values() if r.kind == StageKind.STAGE and r.status in OPEN]
+
+    async def _close_row(
+        self, row: StageRow, status: StageStatus, error: str | None, message: dict[str, JSON] | None
+    ) -> None:
+        """Close a row an earlier claim left open, and report it at once."""
+        await self.store.finished(self.job, row.stage, status, error=error)
+        self.ctx.emit(row.stage, _REPORTED[status], message)
+        row.status = status
+
+    async def _close(self, ended: Ended) -> Outcome:
+        """Write how a stage ended, report it as `ENDINGS` says, and return the outcome."""
+        rule = ENDINGS[ended.how]
+        await self.store.finished(self.job, ended.stage, rule.written, error=ended.stored_error)
+        outcome = Outcome(
+            rule.outcome, result=ended.question, error=ended.job_error, delay=ended.delay
+        )
+        if rule.event is not None:
+            event = self.ctx.event(ended.stage, rule.event, ended.message)
+            if rule.with_outcome:
+                outcome.events.append(event)
+            else:
+                self.ctx.runtime.bus.publish(event)
+        return outcome
+
+    async def _record_start(self, stage: str) -> float | None:
+        """Record `stage` running (with the completion of the one done before it); return
+        seconds since it first started, or None if that completion could not be stored."""
+        job, done = self.job, self.done
+        if done is not None:
+            self.done = None
+            try:
+                age = await self.store.advance(
+                    job, done.stage, done.text, stage, StageKind.STAGE, job.attempt
+                )
+            except NotStorable as exc:  # past one of PostgreSQL's limits: no retry helps
+                self.ended = Ended.not_storable(done.stage, exc)
+                return None
+            self.ctx.emit(done.stage, "completed")
+            return age
+        if self.claim_started:
+            self.claim_started = False
+            return 0.0
+        return await self.store.started(job, stage, StageKind.STAGE, job.attempt)
+
+    async def _cancel_at_boundary(self, stage: str, row: StageRow | None) -> Outcome:
+        ended = Ended(Ending.CANCELLED, stage, job_error=f"cancelled before stage {stage}")
+        if self.done is None and not self.claim_started and row and row.status in OPEN:
+            # Its row is open from before (snoozed, paused, or handed back running).
+            return await self._close(ended)
+        return self._hand_over(Outcome(OutcomeKind.CANCELLED, error=ended.job_error))
+
+    def _hand_over(self, outcome: Outcome) -> Outcome:
+        """Give the outcome the stage end it is written with: the stage just done, or the
+        stage the claim started, cancelled before it ever ran."""
+        if self.done is not None:
+            outcome.stage_end = StageEnd(self.done.stage, StageStatus.COMPLETED, self.done.text)
+        elif self.claim_started:
+            first = self.pipeline.main_stages[0].name
+            outcome.stage_end = StageEnd(first, StageStatus.CANCELLED)
+        if outcome.stage_end is not None:  # reported once it is written
+            end = outcome.stage_end
+            outcome.events.append(self.ctx.event(end.stage, _REPORTED[end.status]))
+        return outcome
+
+    # -- cleanups ----------------------------------------------------------------------------
+
+    async def _run_cleanups(self, attempt: int, after: Outcome | None = None) -> list[str]:
+        """Run the cleanups owed by `attempt`; return their errors. A stage end the outcome
+        `after` carries is recorded with the first one's start (before it runs), not left for
+        the job's outcome."""
+        ctx, cleanups = self.ctx, self.pipeline.cleanups
+        end, reported = None, []
+        if after is not None and cleanups:
+            end, after.stage_end = after.stage_end, None
+            reported, after.events = after.events, []
+            if fails_for_good(self.job, after):
+                await self.store.failed_for_good(self.job, after.error or "failed")
+        errors = []
+        # Cleanups are not bound by the job's timeout: they must run even after it passed.
+        job_deadline, ctx.deadline = ctx.deadline, None
+        try:
+            for i, stage in enumerate(cleanups):
+                # From the first one's start, those not run yet are known (`waiting`).
+                waiting = [c.name for c in cleanups[i + 1 :]] if i == 0 else []
+                if not await self._start_cleanup(stage.name, attempt, waiting, end, after):
+                    reported = []  # they reported the stage completed, which it is not
+                end = None
+                for event in reported:  # the stage end they report is written now
+                    ctx.runtime.bus.publish(event)
+                reported = []
+                error = await self._run_cleanup(stage, attempt)
+                if error is not None:
+                    errors.append(error)
+        finally:
+            ctx.deadline = job_deadline
+        return errors
+
+    async def _start_cleanup(
+        self,
+        stage: str,
+        attempt: int,
+        waiting: Sequence[str],
+        end: StageEnd | None,
+        after: Outcome | None,
+    ) -> bool:
+        """Record the cleanup running, with the stage end `end` that came with `after`; False
+        if that end was a completion whose output could not be stored (the job then fails)."""
+        job, store = self.job, self.store
+        if end is not None and end.status == StageStatus.COMPLETED:
+            try:
+                await store.advance(
+                    job, end.stage, end.output, stage, StageKind.CLEANUP, attempt, waiting
+                )
+                return True
+            except NotStorable as exc:  # past PostgreSQL's limits: the job fails
+                assert after is not None  # `end` came with it
+                failed = await self._close(Ended.not_storable(end.stage, exc))
+                after.kind, after.error = OutcomeKind.FAILED, failed.error
+                after.result = after.result_json = None
+                await store.failed_for_good(job, after.error or "failed")
+                await store.started(job, stage, StageKind.CLEANUP, attempt, waiting)
+                return False
+        if end is not None:
+            await store.finished(job, end.stage, end.status)
+        await store.started(job, stage, StageKind.CLEANUP, attempt, waiting)
+        return True
+
+    async def _run_cleanup(self, stage: Stage, attempt: int) -> str | None:
+        """Run one cleanup and record how it ended; its error, if it failed."""
+        ctx = self.ctx
+        ctx.emit(stage.name, "started", {"attempt": attempt})
+        ctx.step = stage.name
+        try:
+            output = await invoke(ctx, stage, 0.0)
+            text = dumps(output)
+        except Exception as exc:
+            await self._close(Ended.failed(stage.name, exc))
+            return f"{stage.name}: {short_error(exc)}"
         finally:
             ctx.step = ""
         try:
-            text = dumps(output)
-        except NotStorable as exc:  # not JSON, or past PostgreSQL's limits: no retry helps
-            return Outcome(OutcomeKind.FAILED, error=await _unstorable(ctx, store, stage.name, exc))
-        done = (stage.name, text)
-        ctx.outputs[stage.name] = last_output = output
-    if pipeline._result is None:  # the last stage's output, encoded already if it ran now
-        ran_last = done is not None and done[0] == pipeline.main_stages[-1].name
-        encoded = done[1] if done is not None and ran_last else dumps(last_output)
-        return hand_over(Outcome(OutcomeKind.COMPLETED, result=last_output, result_json=encoded))
-    # Whatever `result=` does, the last stage is recorded completed and reported.
-    try:
-        result = pipeline._result(dict(ctx.outputs))
-        encoded = dumps(result)
-    except NotStorable as exc:
-        error = f"pipeline {pipeline.name}: its result= returned a value that {exc}"
-        return hand_over(Outcome(OutcomeKind.FAILED, error=error))
-    except Exception as exc:
-        error = f"pipeline {pipeline.name}: its result= raised {_short_error(exc)}\n"
-        return hand_over(Outcome(OutcomeKind.RETRY, error=error + _traceback(exc)))
-    return hand_over(Outcome(OutcomeKind.COMPLETED, result=result, result_json=encoded))
-
-
-async def _invoke(ctx: Context, stage: Stage, age: float) -> Any:
-    """Run one stage within what is left of its deadline."""
-    if stage.deadline is None:
-        return await call(ctx, stage.fn, stage.is_async, ctx)
-    left = stage.deadline - age
-    if left <= 0:
-        raise StageDeadlineExceeded(
-            f"stage {stage.name} gave up: not done {age:.1f} s after it first started "
-            f"(deadline {stage.deadline} s)"
-        )
-    try:
-        async with asyncio.timeout(left) as limit:
-            return await call(ctx, stage.fn, stage.is_async, ctx)
-    except TimeoutError:
-        if not limit.expired():
-            raise  # the stage's own TimeoutError, not its deadline
-        raise StageDeadlineExceeded(
-            f"stage {stage.name} gave up: still running {stage.deadline} s after it "
-            f"first started (its deadline)"
-        ) from None
-
-
-async def _run_cleanups(
-    pipeline: Pipeline, ctx: Context, store: StageStore, attempt: int, after: Outcome | None = None
-) -> list[str]:
-    """Run the cleanups; a stage end the outcome `after` carries is recorded with the
-    first one's start (before it runs), not left for the job's outcome."""
-    errors = []
-    end, reported = None, []
-    if after is not None and pipeline.cleanups:
-        end, after.stage_end = after.stage_end, None
-        reported, after.events = after.events, []
-        if _fails_for_good(ctx, after):
-            await store.failed_for_good(ctx.job, after.error or "failed")
-    # Cleanups are not bound by the job's timeout: they must run even after it passed.
-    job_deadline, ctx.deadline = ctx.deadline, None
-    try:
-        for i, stage in enumerate(pipeline.cleanups):
-            # From the first one's start, those not run yet are known (`waiting`).
-            waiting = [c.name for c in pipeline.cleanups[i + 1 :]] if i == 0 else []
-            if end is not None and end.status == "completed":
-                try:
-                    await store.advance(
-                        ctx.job, end.stage, end.output, stage.name, "cleanup", attempt, waiting
-                    )
-                except NotStorable as exc:  # past PostgreSQL's limits: the job fails
-                    assert after is not None  # `end` came with it
-                    after.kind = OutcomeKind.FAILED
-                    after.error = await _unstorable(ctx, store, end.stage, exc)
-                    after.result = after.result_json = None
-                    await store.failed_for_good(ctx.job, after.error)
-                    reported = []  # they reported the stage completed
-                    await store.started(ctx.job, stage.name, "cleanup", attempt, waiting)
-            else:
-                if end is not None:
-                    await store.finished(ctx.job, end.stage, end.status)
-                await store.started(ctx.job, stage.name, "cleanup", attempt, waiting)
-            end = None
-            for event in reported:  # the stage end they report is written now
-                ctx.runtime.bus.publish(event)
-            reported = []
-            ctx.emit(stage.name, "started", {"attempt": attempt})
-            ctx.step = stage.name
-            try:
-                output = await _invoke(ctx, stage, 0.0)
-                text = dumps(output)
-            except Exception as exc:
-                errors.append(f"{stage.name}: {_short_error(exc)}")
-                await store.finished(
-                    ctx.job, stage.name, "failed", error=_stage_error(stage.name, exc)
-                )
-                ctx.emit(stage.name, "failed", {"error": _short_error(exc)})
-                continue
-            finally:
-                ctx.step = ""
-            try:
-                await store.finished(ctx.job, stage.name, "completed", output=text)
-            except NotStorable as exc:
-                errors.append(await _unstorable(ctx, store, stage.name, exc))
-                continue
-            ctx.emit(stage.name, "completed")
-    finally:
-        ctx.deadline = job_deadline
-    return errors
-
-
-def _fails_for_good(ctx: Context, outcome: Outcome) -> bool:
-    return outcome.kind == "failed" or (
-        outcome.kind == "retry" and ctx.job.retry_count >= ctx.job.max_retries
-    )
-
-
-def _finish(ctx: Context, outcome: Outcome) -> Outcome:
-    ends: dict[str, EventStatus] = {"completed": "completed", "cancelled": "cancelled"}
-    final_status = ends.get(outcome.kind)
-    if _fails_for_good(ctx, outcome):
-        final_status = "failed"
-    if final_status is not None:
-        message = {"error": outcome.error.splitlines()[0]} if outcome.error else None
-        outcome.events.append(ctx.event("job", final_status, message))
-    return outcome
+            await self.store.finished(self.job, stage.name, StageStatus.COMPLETED, output=text)
+        except NotStorable as exc:
+            return (await self._close(Ended.not_storable(stage.name, exc))).error
+        ctx.emit(stage.name, "completed")
+        return None

@@ -1,0 +1,157 @@
+"""One run of a stage: running it within its deadline, and how it ended.
+
+`invoke` runs a stage's function, holding it to the stage's own deadline (counted from the
+stage's first start, snoozes included). `Ended` says how the run ended (`Ending`), and
+`ENDINGS` is the one table of what each ending writes to the stage's row, which event reports
+it, and how the attempt ends. What it does not do: write or publish anything (the runner does,
+`worker.stages.runner`), or decide what runs next.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import traceback
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any
+
+from worker.attempt import JSON, OutcomeKind, call
+from worker.encoding import NotStorable
+from worker.models import EventStatus, StageStatus
+from worker.tasks import Context, JobCancelled, PauseForResolution, Snooze
+
+if TYPE_CHECKING:
+    from worker.stages.pipeline import Stage
+
+
+class StageDeadlineExceeded(Exception):
+    """A stage ran (or kept snoozing) past its own deadline; the job fails without a retry."""
+
+
+async def invoke(ctx: Context, stage: Stage, age: float) -> Any:
+    """Run one stage within what is left of its deadline (`age`: seconds since it first ran)."""
+    if stage.deadline is None:
+        return await call(ctx, stage.fn, stage.is_async, ctx)
+    left = stage.deadline - age
+    if left <= 0:
+        raise StageDeadlineExceeded(
+            f"stage {stage.name} gave up: not done {age:.1f} s after it first started "
+            f"(deadline {stage.deadline} s)"
+        )
+    try:
+        async with asyncio.timeout(left) as limit:
+            return await call(ctx, stage.fn, stage.is_async, ctx)
+    except TimeoutError:
+        if not limit.expired():
+            raise  # the stage's own TimeoutError, not its deadline
+        raise StageDeadlineExceeded(
+            f"stage {stage.name} gave up: still running {stage.deadline} s after it "
+            f"first started (its deadline)"
+        ) from None
+
+
+class Ending(StrEnum):
+    """How one run of a stage ended."""
+
+    COMPLETED = "completed"
+    SNOOZED = "snoozed"
+    PAUSED = "paused"
+    CANCELLED = "cancelled"
+    FAILED_FOR_GOOD = "failed_for_good"  # past its deadline: no retry helps
+    RETRYABLE = "retryable"  # it raised: the job is retried from this stage
+    NOT_STORABLE = "not_storable"  # its output cannot be stored: no retry helps
+
+
+@dataclass(frozen=True)
+class EndRule:
+    """What an ending writes to the stage's row, how it is reported, and how the attempt ends."""
+
+    written: StageStatus
+    outcome: OutcomeKind
+    event: EventStatus | None
+    # Reported once the outcome is written rather than at once: a client acting on the event
+    # (resuming a paused job, reading a cancelled one) must find the job in that state.
+    with_outcome: bool = False
+
+
+ENDINGS: dict[Ending, EndRule] = {
+    Ending.SNOOZED: EndRule(StageStatus.SNOOZED, OutcomeKind.SNOOZED, None),
+    Ending.PAUSED: EndRule(StageStatus.PAUSED, OutcomeKind.PAUSED, "paused", with_outcome=True),
+    Ending.CANCELLED: EndRule(
+        StageStatus.CANCELLED, OutcomeKind.CANCELLED, "cancelled", with_outcome=True
+    ),
+    Ending.FAILED_FOR_GOOD: EndRule(StageStatus.FAILED, OutcomeKind.FAILED, "failed"),
+    Ending.RETRYABLE: EndRule(StageStatus.FAILED, OutcomeKind.RETRY, "failed"),
+    Ending.NOT_STORABLE: EndRule(StageStatus.FAILED, OutcomeKind.FAILED, "failed"),
+}
+
+
+@dataclass
+class Ended:
+    """One run of a stage, ended: how, and what that end writes and reports."""
+
+    how: Ending
+    stage: str
+    output: JSON = None  # completed: the stage's return value
+    text: str | None = None  # completed: that value as the JSON text stored
+    stored_error: str | None = None  # the stage row's error
+    job_error: str | None = None  # the outcome's error
+    message: dict[str, JSON] | None = None  # the event's message
+    delay: float = 0.0  # snoozed: seconds until the stage runs again
+    question: JSON = None  # paused: what the operator is asked
+
+    @classmethod
+    def raised(cls, stage: str, exc: Exception, cancelled: bool) -> Ended:
+        """How a stage that raised `exc` ended; a cancel requested meanwhile wins over a
+        snooze or a pause, which would otherwise take the job out of a worker's reach."""
+        if isinstance(exc, JobCancelled) or (
+            cancelled and isinstance(exc, Snooze | PauseForResolution)
+        ):
+            return cls(Ending.CANCELLED, stage, job_error=f"cancelled during stage {stage}")
+        if isinstance(exc, Snooze):
+            return cls(Ending.SNOOZED, stage, delay=exc.seconds)
+        if isinstance(exc, PauseForResolution):
+            return cls(
+                Ending.PAUSED, stage, question=exc.question, message={"question": exc.question}
+            )
+        if isinstance(exc, StageDeadlineExceeded):
+            error = f"stage {stage} failed: {short_error(exc)}"
+            return cls(
+                Ending.FAILED_FOR_GOOD,
+                stage,
+                stored_error=str(exc),
+                job_error=error,
+                message={"error": short_error(exc)},
+            )
+        return cls.failed(stage, exc)
+
+    @classmethod
+    def failed(cls, stage: str, exc: Exception) -> Ended:
+        """A stage (or cleanup) that raised: its row keeps the traceback, the event one line."""
+        error = stage_error(stage, exc)
+        message = {"error": short_error(exc)}
+        return cls(Ending.RETRYABLE, stage, stored_error=error, job_error=error, message=message)
+
+    @classmethod
+    def not_storable(cls, stage: str, exc: NotStorable) -> Ended:
+        """A stage whose output cannot be stored: not JSON, or past one of PostgreSQL's limits."""
+        error = f"stage {stage} returned a value that {exc}"
+        return cls(
+            Ending.NOT_STORABLE,
+            stage,
+            stored_error=error,
+            job_error=error,
+            message={"error": error},
+        )
+
+
+def short_error(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+def stage_error(stage: str, exc: BaseException) -> str:
+    return f"stage {stage} failed: {short_error(exc)}\n" + traceback_text(exc)
+
+
+def traceback_text(exc: BaseException) -> str:
+    return "".join(traceback.format_exception(exc, limit=20))
