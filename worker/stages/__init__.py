@@ -2,20 +2,25 @@
 
 `Pipeline` declares the stages (`worker.stages.pipeline`), `StageStore` is where their state
 lives (`worker.stages.store`), the runner runs one attempt (`worker.stages.runner`), and how
-each run of a stage ended is decided in `worker.stages.endings`.
+each run of a stage ended is decided in `worker.stages.endings`. `worker.stages.memory` keeps
+stage state in a dict, to test a pipeline without a database.
 """
 
 from worker.stages.endings import StageDeadlineExceeded
+from worker.stages.memory import MemoryRuntime, MemoryStageStore, run_attempt
 from worker.stages.pipeline import ALL_DONE, ALL_SUCCESS, Pipeline, Stage, TriggerRule
 from worker.stages.store import StageRow, StageStore
 
 __all__ = [
     "ALL_DONE",
     "ALL_SUCCESS",
+    "MemoryRuntime",
+    "MemoryStageStore",
     "Pipeline",
     "Stage",
     "StageDeadlineExceeded",
     "StageRow",
     "StageStore",
     "TriggerRule",
+    "run_attempt",
 ]

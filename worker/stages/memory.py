@@ -1,0 +1,162 @@
+"""Pipelines without a database: a `StageStore` in a dict, and a runtime to run attempts in.
+
+For testing a pipeline's logic in-process: what each stage stores, what a retry runs again,
+what a cancel or a lost worker leaves for the cleanups. `MemoryStageStore` keeps the rules the
+daemon's store keeps on PostgreSQL (a snoozed stage keeps its first start, a start records the
+cleanups after it as waiting, a completed stage's output is stored as JSON), and `run_attempt`
+plays the daemon's part around one attempt: it writes the stage end the outcome carries and
+publishes the outcome's events after it, as the outcome write does.
+
+    store = MemoryStageStore()
+    runtime = MemoryRuntime(store)
+    outcome = await run_attempt(pipeline, job, runtime)      # job: a `ClaimedJob`
+
+What it does not do: claim, retry or rescue jobs (build the next attempt's `ClaimedJob`
+yourself), hold writes to the attempt that holds the job (there is no other worker), or keep
+anything once the process ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from worker.attempt import JSON, ClaimedJob, Outcome
+from worker.events import MemoryBus, ProgressBus
+from worker.models import StageStatus
+from worker.stages.store import StageKind, StageRow
+from worker.tasks import Context
+
+if TYPE_CHECKING:
+    from worker.stages.pipeline import Pipeline
+
+
+@dataclass
+class _Stored:
+    row: StageRow
+    started_at: float
+
+
+class MemoryStageStore:
+    """A `StageStore` in this process's memory; `final_errors` holds `failed_for_good`'s.
+
+    Outputs are written as the JSON text the runner encoded, and read back decoded."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._jobs: dict[str, dict[str, _Stored]] = {}
+        self._clock = clock
+        self.final_errors: dict[str, str] = {}
+
+    def rows(self, job_id: str) -> dict[str, StageRow]:
+        """A job's stage rows by stage name, as they are now (copies)."""
+        return {name: _copy(s.row) for name, s in self._jobs.get(job_id, {}).items()}
+
+    async def load(self, job_id: str) -> list[StageRow]:
+        return list(self.rows(job_id).values())
+
+    async def started(
+        self, job: ClaimedJob, stage: str, kind: str, attempt: int, waiting: Sequence[str] = ()
+    ) -> float:
+        return self._start(job.id, stage, kind, attempt, waiting)
+
+    async def finished(
+        self,
+        job: ClaimedJob,
+        stage: str,
+        status: str,
+        output: str | None = None,
+        error: str | None = None,
+    ) -> None:
+        self._end(job.id, stage, status, output, error)
+
+    async def advance(
+        self,
+        job: ClaimedJob,
+        done: str,
+        output: str | None,
+        stage: str,
+        kind: str,
+        attempt: int,
+        waiting: Sequence[str] = (),
+    ) -> float:
+        self._end(job.id, done, StageStatus.COMPLETED, output, None)
+        return self._start(job.id, stage, kind, attempt, waiting)
+
+    async def failed_for_good(self, job: ClaimedJob, error: str) -> None:
+        self.final_errors[job.id] = error
+
+    def claim_started(self, job: ClaimedJob, stage: str) -> None:
+        """Record `stage` running for the job's attempt, as a claim does for a pipeline job's
+        first run (then claimed with `first_stage_started=True`)."""
+        self._start(job.id, stage, StageKind.STAGE, job.attempt, ())
+
+    def record_outcome(self, job: ClaimedJob, outcome: Outcome) -> None:
+        """Write the stage end the outcome carries, as the job's outcome write does."""
+        end = outcome.stage_end
+        if end is not None:
+            error = None if end.status == StageStatus.COMPLETED else outcome.error
+            self._end(job.id, end.stage, end.status, end.output, error)
+
+    def _start(
+        self, job_id: str, stage: str, kind: str, attempt: int, waiting: Sequence[str]
+    ) -> float:
+        rows, now = self._jobs.setdefault(job_id, {}), self._clock()
+        before = rows.get(stage)
+        # A snoozed stage keeps its first start: its deadline counts from when it first ran.
+        snoozed = before is not None and before.row.status == StageStatus.SNOOZED
+        started_at = before.started_at if before is not None and snoozed else now
+        running = StageRow(stage, StageKind(kind), StageStatus.RUNNING, None, None, attempt)
+        rows[stage] = _Stored(running, started_at)
+        for name in waiting:  # the cleanups not run yet are known to be owed
+            row = StageRow(name, StageKind.CLEANUP, StageStatus.WAITING, None, None, attempt)
+            rows[name] = _Stored(row, now)
+        return now - started_at
+
+    def _end(self, job_id: str, stage: str, status: str, output: JSON, error: str | None) -> None:
+        stored = self._jobs.get(job_id, {}).get(stage)
+        if stored is None:
+            return  # as the database's update of a row that is not there
+        row = stored.row
+        row.status = StageStatus(status)
+        completed = row.status == StageStatus.COMPLETED
+        # Outputs come as JSON text, and are read back as the value it encodes.
+        row.output = json.loads(output) if completed and output is not None else None
+        row.error = error
+
+
+def _copy(row: StageRow) -> StageRow:
+    return StageRow(row.stage, row.kind, row.status, row.output, row.error, row.attempt)
+
+
+@dataclass
+class MemoryRuntime:
+    """What a pipeline runs with outside the daemon: a `MemoryBus`, a store, and threads."""
+
+    store: MemoryStageStore = field(default_factory=MemoryStageStore)
+    bus: ProgressBus = field(default_factory=MemoryBus)
+
+    async def in_thread(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return await asyncio.to_thread(fn, *args)
+
+
+async def run_attempt(
+    pipeline: Pipeline,
+    job: ClaimedJob,
+    runtime: MemoryRuntime,
+    cancel: threading.Event | None = None,
+) -> Outcome:
+    """Run one attempt of `pipeline` for `job`, then write and report its outcome's stage end.
+
+    `cancel`, when set, is a cancel request arriving while the attempt runs.
+    """
+    ctx = Context(job, runtime, cancel if cancel is not None else threading.Event())
+    outcome = await pipeline.execute(ctx)
+    runtime.store.record_outcome(job, outcome)
+    for event in outcome.events:  # reported once the outcome is written
+        runtime.bus.publish(event)
+    return outcome
