@@ -1,8 +1,12 @@
-"""`@task`: registering the functions a worker can run, and the `Context` a run sees.
+"""`@task`: registering the functions a worker can run, the `Context` a run sees, and the
+exceptions a task raises to steer its job (`JobCancelled`, `Snooze`, `PauseForResolution`).
 
 A task is a plain function (sync or `async`) taking the job's payload, a JSON object, and
 returning a JSON value, stored as the job's result. A function with a second parameter gets a
 `Context`, to report progress or notice a cancel request.
+
+What it does not do: claim, run or record jobs (the daemon does, `worker.daemon`); what an
+attempt is and how user code is called are in `worker.attempt`, pipelines in `worker.stages`.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from datetime import UTC, datetime
 from typing import Any, TypeVar, overload
 
 from worker.attempt import (
+    JSON,
     ClaimedJob,
     Executable,
     Outcome,
@@ -27,7 +32,6 @@ from worker.attempt import (
 from worker.encoding import dumps
 from worker.models import EventStatus, ProgressEvent
 
-JSON = Any
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -131,8 +135,8 @@ class Context:
         self, step: str, status: EventStatus, message: dict[str, JSON] | None = None
     ) -> ProgressEvent:
         """A progress event of this job, stamped now and not published yet (`emit` does both)."""
-        # Validated: pydantic's compiled validation takes half the time of `model_construct`,
-        # which runs in Python (a pipeline publishes several events per stage). The time is
+        # Validated rather than built with `model_construct`: pydantic's compiled validation is
+        # the faster of the two, and a pipeline publishes several events per stage. The time is
         # given: pydantic would inspect the default factory's signature on each call.
         return ProgressEvent(
             job_id=self.job_id,

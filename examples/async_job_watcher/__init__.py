@@ -26,6 +26,7 @@ import logging
 from typing import Any
 
 from examples.async_job_watcher import actions
+from examples.async_job_watcher.background import ExportStatus
 from worker import Context, Pipeline
 
 POLL_SECONDS = 1.0
@@ -53,7 +54,7 @@ def spawn_background_job(ctx: Context) -> dict[str, Any]:
 def await_job_completion(ctx: Context) -> dict[str, Any]:
     out, msg = actions.check_job_status_file(_with_outputs(ctx))
     ctx.progress(out["progress_pct"], rows=out["artifact_rows"])
-    if out["job_status"] != "READY":
+    if out["job_status"] != ExportStatus.READY:
         ctx.snooze(POLL_SECONDS)  # not a sleep: the slot is free for other jobs meanwhile
     log.info("job %s: %s", ctx.job_id, msg)
     return out

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from examples.async_job_watcher.background import artifact_path
+from examples.async_job_watcher.background import ExportStatus, artifact_path
 
 BACKGROUND_SCRIPT = str(Path(__file__).with_name("background.py"))
 MAX_DELAY_SECONDS = 3600.0
@@ -150,14 +150,14 @@ def check_job_status_file(payload: Payload) -> tuple[dict[str, Any], str]:
             "up (or never written), so its result cannot be collected; enqueue a new job"
         )
     job_status = str(data.get("job_status", ""))
-    if job_status == "FAILED":
+    if job_status == ExportStatus.FAILED:
         raise RuntimeError(f"the background job failed: {data.get('error') or 'no reason given'}")
-    if job_status == "PENDING" and not _is_background_job(data.get("pid"), status_file):
+    if job_status == ExportStatus.PENDING and not _is_background_job(data.get("pid"), status_file):
         raise RuntimeError(
             f"the background job (pid {data.get('pid')}) is gone but its status is still "
             "PENDING: it died before finishing"
         )
-    if job_status not in ("PENDING", "READY"):
+    if job_status not in (ExportStatus.PENDING, ExportStatus.READY):
         raise RuntimeError(f"status file {status_file} has an unknown status {job_status!r}")
     out = {
         "job_status": job_status,

@@ -21,10 +21,19 @@ import json
 import os
 import sys
 import time
+from enum import StrEnum
 from pathlib import Path
 
 ROWS_PER_TICK = 100
 TICKS = 10
+
+
+class ExportStatus(StrEnum):
+    """Where the export is, as the status file's `job_status` says."""
+
+    PENDING = "PENDING"  # still writing the artifact
+    READY = "READY"  # the artifact is complete; `artifact_sha256` is its checksum
+    FAILED = "FAILED"  # the export stopped; `error` says why
 
 
 def artifact_path(status_file: str) -> str:
@@ -43,7 +52,7 @@ def write_status(status_file: str, status: dict[str, object]) -> None:
 
 
 def status(
-    job_status: str, pct: int, rows: int, sha: str, error: str | None = None
+    job_status: ExportStatus, pct: int, rows: int, sha: str, error: str | None = None
 ) -> dict[str, object]:
     return {
         "job_status": job_status,
@@ -76,8 +85,10 @@ def export(status_file: str, delay: float) -> None:
         digest.update(chunk)
         rows += ROWS_PER_TICK
         if tick < TICKS - 1:
-            write_status(status_file, status("PENDING", (tick + 1) * 100 // TICKS, rows, ""))
-    write_status(status_file, status("READY", 100, rows, digest.hexdigest()))
+            write_status(
+                status_file, status(ExportStatus.PENDING, (tick + 1) * 100 // TICKS, rows, "")
+            )
+    write_status(status_file, status(ExportStatus.READY, 100, rows, digest.hexdigest()))
 
 
 def main(argv: list[str]) -> int:
@@ -101,12 +112,14 @@ def main(argv: list[str]) -> int:
         os.dup2(devnull, fd)
     try:
         Path(artifact_path(status_file)).unlink(missing_ok=True)
-        write_status(status_file, status("PENDING", 0, 0, ""))
+        write_status(status_file, status(ExportStatus.PENDING, 0, 0, ""))
         os.write(ready_w, b"1")
         os.close(ready_w)
         export(status_file, delay)
     except Exception as exc:
-        write_status(status_file, status("FAILED", 0, 0, "", f"{type(exc).__name__}: {exc}"))
+        write_status(
+            status_file, status(ExportStatus.FAILED, 0, 0, "", f"{type(exc).__name__}: {exc}")
+        )
         return 1
     return 0
 

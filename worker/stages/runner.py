@@ -58,7 +58,8 @@ log = logging.getLogger("worker.jobs")
 class StageRuntime(Runtime, Protocol):
     """The runtime a pipeline runs in: the daemon's, which also lends its stage store."""
 
-    store: StageStore
+    @property
+    def store(self) -> StageStore: ...
 
 
 class Phase(StrEnum):
@@ -122,12 +123,13 @@ class PipelineRun:
         self.pipeline = pipeline
         self.ctx = ctx
         self.job = ctx.job
+        # The daemon (or a `MemoryRuntime`) lends the store with the runtime.
         self.store = cast(StageRuntime, ctx.runtime).store
         self.rows: dict[str, StageRow] = {}
         self.unclean: int | None = None  # the attempt whose cleanups are owed, if one is
         self.interrupted = ""  # how an earlier attempt was cut off, if one was
         self.owed_errors: list[str] = []
-        self.began = False  # this attempt began a stage before this claim
+        self.began = False  # this attempt's stages had begun: by its claim, or an earlier one
         # The claim recorded the first stage running, and it has not run yet.
         self.claim_started = self.job.first_stage_started
         # A stage done whose completion is not recorded yet. It is recorded with the next
@@ -137,7 +139,7 @@ class PipelineRun:
         self.last_output: JSON = None
         self.position = 0  # the next stage to run, in `pipeline.main_stages`
         self.ended: Ended | None = None
-        self.outcome = Outcome(OutcomeKind.RETRY)
+        self.outcome = Outcome(OutcomeKind.RETRY)  # set by the phase that ends the attempt
         self._phases: dict[Phase, Callable[[], Awaitable[Phase]]] = {
             Phase.RESUMING: self._resume,
             Phase.SETTLING: self._settle,
