@@ -14,7 +14,7 @@ from typing import Any
 
 from worker.attempt import ClaimedJob, Outcome, OutcomeKind
 from worker.models import StageStatus
-from worker.stages import MemoryRuntime, MemoryStageStore, Pipeline, run_attempt
+from worker.stages import MemoryRuntime, MemoryStageStore, Pipeline, StageRow, run_attempt
 from worker.stages.endings import ENDINGS, Ended, Ending, StageDeadlineExceeded
 from worker.tasks import JobCancelled, PauseForResolution, Snooze
 
@@ -397,3 +397,20 @@ def _context(job: Job, claimed: ClaimedJob) -> Any:
     from worker.tasks import Context
 
     return Context(claimed, job.runtime, threading.Event())
+
+
+def test_a_cleanup_left_waiting_by_a_lost_worker_is_still_owed():
+    p = Pipeline(f"unit_owed_{next(_names)}")
+    p.stage(name="a")(lambda ctx: 1)
+    p.cleanup(name="t1")(lambda ctx: None)
+    p.cleanup(name="t2")(lambda ctx: None)
+
+    def rows(*spec: tuple[str, str, str, int]) -> dict[str, StageRow]:
+        return {s: StageRow(s, kind, status, None, None, n) for s, kind, status, n in spec}
+
+    ran = ("a", "stage", "completed", 1)
+    assert p._unclean_attempt(rows(ran)) == 1  # no cleanup row yet: all are owed
+    t1_done, t2_waiting = ("t1", "cleanup", "completed", 1), ("t2", "cleanup", "waiting", 1)
+    assert p._unclean_attempt(rows(ran, t1_done, t2_waiting)) == 1
+    t2_done = ("t2", "cleanup", "completed", 1)
+    assert p._unclean_attempt(rows(ran, t1_done, t2_done)) is None

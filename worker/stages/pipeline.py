@@ -197,10 +197,12 @@ class Pipeline:
 
     @property
     def main_stages(self) -> Sequence[Stage]:
+        """The `ALL_SUCCESS` stages, in the order they run."""
         return [s for s in self.stages if s.rule is ALL_SUCCESS]
 
     @property
     def cleanups(self) -> Sequence[Stage]:
+        """The `ALL_DONE` stages, in the order they run after the others."""
         return [s for s in self.stages if s.rule is ALL_DONE]
 
     def _unclean_attempt(self, rows: dict[str, StageRow]) -> int | None:
