@@ -13,6 +13,7 @@ import threading
 from typing import Any
 
 from worker.attempt import ClaimedJob, Outcome, OutcomeKind
+from worker.encoding import NotStorable
 from worker.models import StageStatus
 from worker.stages import MemoryRuntime, MemoryStageStore, Pipeline, StageRow, run_attempt
 from worker.stages.endings import ENDINGS, Ended, Ending, StageDeadlineExceeded
@@ -414,3 +415,54 @@ def test_a_cleanup_left_waiting_by_a_lost_worker_is_still_owed():
     assert p._unclean_attempt(rows(ran, t1_done, t2_waiting)) == 1
     t2_done = ("t2", "cleanup", "completed", 1)
     assert p._unclean_attempt(rows(ran, t1_done, t2_done)) is None
+
+
+class RefusingStore(MemoryStageStore):
+    """Refuses to store an output holding "huge", as PostgreSQL refuses one past its limits."""
+
+    async def advance(self, job: ClaimedJob, done: str, output: Any, *args: Any) -> float:
+        if output is not None and "huge" in output:
+            raise NotStorable("PostgreSQL refused to store (string too long)")
+        return await super().advance(job, done, output, *args)
+
+
+def refusing(job: Job) -> Job:
+    job.store = RefusingStore(clock=job.clock)
+    job.runtime = MemoryRuntime(job.store)
+    return job
+
+
+def test_a_stage_output_the_store_refuses_fails_the_job_without_running_the_next_stage():
+    ran: list[str] = []
+    p = pipeline(ran)
+    p.main_stages[0].fn = lambda ctx: ran.append("a") or "huge"
+    job = refusing(Job(p))
+    outcome = job.run()
+    assert outcome.kind is OutcomeKind.FAILED
+    assert (
+        outcome.error
+        == "stage a returned a value that PostgreSQL refused to store (string too long)"
+    )
+    assert ran == ["a", "tidy"]
+    assert job.statuses() == {"a": "failed", "tidy": "completed"}
+
+
+def test_a_last_stage_output_the_store_refuses_fails_the_job_and_the_cleanup_runs_once():
+    ran: list[str] = []
+    p = pipeline(ran)
+    p.main_stages[2].fn = lambda ctx: ran.append("c") or "huge"
+    job = refusing(Job(p))
+    outcome = job.run()
+    assert outcome.kind is OutcomeKind.FAILED
+    assert (outcome.result, outcome.result_json, outcome.stage_end) == (None, None, None)
+    assert ran == ["a", "b", "c", "tidy"]
+    assert job.statuses() == {
+        "a": "completed",
+        "b": "completed",
+        "c": "failed",
+        "tidy": "completed",
+    }
+    # Recorded before the cleanup ran: were it cut off, the next claim fails the job.
+    assert job.store.final_errors[job.id] == outcome.error
+    assert ("c", "completed") not in job.events()
+    assert job.events()[-1] == ("job", "failed")
