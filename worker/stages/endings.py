@@ -146,12 +146,15 @@ class Ended:
 
 
 def short_error(exc: BaseException) -> str:
+    """An error as its events report it: its type and message."""
     return f"{type(exc).__name__}: {exc}"
 
 
 def stage_error(stage: str, exc: BaseException) -> str:
+    """An error as the stage's row and the job keep it: which stage, and the traceback."""
     return f"stage {stage} failed: {short_error(exc)}\n" + traceback_text(exc)
 
 
 def traceback_text(exc: BaseException) -> str:
+    """The traceback of `exc`, up to twenty frames."""
     return "".join(traceback.format_exception(exc, limit=20))
