@@ -38,8 +38,9 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 from sqlalchemy.orm import Session
 
 from worker.db import sql
-from worker.db.connect import async_engine, connect, sync_engine
+from worker.db.connect import async_engine, sync_engine
 from worker.db.direct import AsyncDirectWrites, DirectWrites
+from worker.db.notifier import LINGER_SECONDS, Subscription, notifier
 from worker.db.url import database_url, psycopg_url
 from worker.encoding import NotStorable, dumps
 from worker.models import TERMINAL_STATUSES, JobStatus
@@ -56,7 +57,7 @@ WAIT_RECHECK_SECONDS = 2.0
 # database unreachable for a moment) it waits by rechecking alone until the listener is back.
 LISTEN_READY_SECONDS = 5.0
 # The shared listener closes its connection once no one has waited for this long.
-LISTEN_LINGER_SECONDS = 30.0
+LISTEN_LINGER_SECONDS = LINGER_SECONDS
 # `application_name` of the listening connection, to find it in pg_stat_activity.
 LISTENER_NAME = "durable-worker wait"
 
@@ -393,38 +394,38 @@ def _prune_params(
 # -- waiting --------------------------------------------------------------------------------
 
 
-class _DoneListener:
-    """One `LISTEN worker_done` connection per database, shared by every waiter in the process
-    (threads and event loops alike): a thousand waiters hold one connection, not a thousand.
+class _DoneWaiters:
+    """The waiters of one database, by job: one `worker_done` subscription on the process's
+    notifier serves them all (threads and event loops alike), so a thousand waiters hold one
+    listening connection, not a thousand.
 
-    A background thread dispatches each notification to the waiters of that job. When its
-    connection drops it wakes every waiter (they recheck their job) and reconnects with
-    backoff; it closes the connection once no one has waited for `LISTEN_LINGER_SECONDS`.
+    Each notification wakes the waiters of its job; a `None` from the notifier (it connected,
+    reconnected or lost its connection) wakes every waiter, to recheck its job. The
+    subscription is dropped when the last waiter leaves; the notifier keeps its connection
+    a while for the next one.
     """
 
     def __init__(self, url: str) -> None:
         self.url = url
-        self.ready = threading.Event()  # set while LISTEN is in place
         self._lock = threading.Lock()
         self._waiters: dict[str, dict[int, Callable[[], None]]] = {}
         self._tokens = itertools.count()
-        self._thread: threading.Thread | None = None
-        self._idle_since: float | None = None
+        self._subscription: Subscription | None = None
 
     @contextlib.contextmanager
-    def subscription(self, job_id: str, wake: Callable[[], None]) -> Iterator[None]:
-        """Call `wake` (from the listener thread) whenever `job_id` may have changed."""
+    def waiting(self, job_id: str, wake: Callable[[], None]) -> Iterator[Subscription]:
+        """Call `wake` (from the notifier's thread) whenever `job_id` may have changed; yields
+        the subscription, whose `ready` is set while LISTEN is in place."""
         token = next(self._tokens)
         with self._lock:
             self._waiters.setdefault(job_id, {})[token] = wake
-            self._idle_since = None
-            if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._run, name="worker-wait-listener", daemon=True
+            if self._subscription is None:
+                self._subscription = notifier(self.url, LISTENER_NAME).subscribe(
+                    "worker_done", self._wake
                 )
-                self._thread.start()
+            subscription = self._subscription
         try:
-            yield
+            yield subscription
         finally:
             with self._lock:
                 waiters = self._waiters.get(job_id)
@@ -432,6 +433,9 @@ class _DoneListener:
                     waiters.pop(token, None)
                     if not waiters:
                         del self._waiters[job_id]
+                if not self._waiters and self._subscription is not None:
+                    self._subscription.close()
+                    self._subscription = None
 
     def _wake(self, job_id: str | None) -> None:
         with self._lock:
@@ -442,66 +446,28 @@ class _DoneListener:
         for wake in targets:
             wake()
 
-    def _retire_if_idle(self) -> bool:
-        with self._lock:
-            if self._waiters:
-                self._idle_since = None
-                return False
-            now = time.monotonic()
-            if self._idle_since is None:
-                self._idle_since = now
-            if now - self._idle_since < LISTEN_LINGER_SECONDS:
-                return False
-            self._thread = None
-            self.ready.clear()
-            return True
 
-    def _run(self) -> None:
-        delay = 0.1
-        while True:
-            try:
-                with connect(self.url, LISTENER_NAME, application_name=LISTENER_NAME) as conn:
-                    conn.execute("LISTEN worker_done")
-                    self.ready.set()
-                    delay = 0.1
-                    # A job may have finished unheard while we were not listening.
-                    self._wake(None)
-                    while True:
-                        for note in conn.notifies(timeout=1.0):
-                            self._wake(note.payload)
-                        if self._retire_if_idle():
-                            return
-            except Exception as exc:  # any failure: the waiters' rechecks cover for it
-                self.ready.clear()
-                log.debug("wait listener lost (%s); reconnecting", type(exc).__name__)
-                self._wake(None)
-                if self._retire_if_idle():
-                    return
-                time.sleep(delay)
-                delay = min(delay * 2, 5.0)
+_done_waiters: dict[str, _DoneWaiters] = {}
+_done_waiters_lock = threading.Lock()
 
 
-_listeners: dict[str, _DoneListener] = {}
-_listeners_lock = threading.Lock()
+def _waiters_of(url: str) -> _DoneWaiters:
+    with _done_waiters_lock:
+        found = _done_waiters.get(url)
+        if found is None:
+            found = _done_waiters[url] = _DoneWaiters(url)
+        return found
 
 
-def _listener(url: str) -> _DoneListener:
-    with _listeners_lock:
-        listener = _listeners.get(url)
-        if listener is None:
-            listener = _listeners[url] = _DoneListener(url)
-        return listener
-
-
-def _forget_listeners() -> None:
-    # A forked child has none of its parent's threads: it must open its own listener.
-    global _listeners_lock
-    _listeners.clear()
-    _listeners_lock = threading.Lock()
+def _forget_waiters() -> None:
+    # A forked child inherits no waiter, and its notifier is its own.
+    global _done_waiters_lock
+    _done_waiters.clear()
+    _done_waiters_lock = threading.Lock()
 
 
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_listeners)
+    os.register_at_fork(after_in_child=_forget_waiters)
 
 
 def _left(deadline: float | None) -> float | None:
@@ -610,12 +576,11 @@ class Job:
         """
         deadline = _deadline(timeout)
         client = self._client()
-        listener = _listener(client.url)
         woken = threading.Event()
-        with listener.subscription(self.job_id, woken.set):
+        with _waiters_of(client.url).waiting(self.job_id, woken.set) as listening:
             # LISTEN before the first read: a finish between the two is then never missed.
             ready_for = _left(deadline)
-            listener.ready.wait(
+            listening.ready.wait(
                 LISTEN_READY_SECONDS if ready_for is None else min(ready_for, LISTEN_READY_SECONDS)
             )
             while True:
@@ -639,14 +604,11 @@ class Job:
             with contextlib.suppress(RuntimeError):  # the loop closed: its waiter is gone
                 loop.call_soon_threadsafe(woken.set)
 
-        listener = _listener(self._url())
-        with listener.subscription(self.job_id, wake):
+        with _waiters_of(self._url()).waiting(self.job_id, wake) as listening:
             ready_for = _left(deadline)
-            ready_by = time.monotonic() + (
+            await listening.wait_ready(
                 LISTEN_READY_SECONDS if ready_for is None else min(ready_for, LISTEN_READY_SECONDS)
             )
-            while not listener.ready.is_set() and time.monotonic() < ready_by:
-                await asyncio.sleep(0.01)
             while True:
                 woken.clear()
                 await self._refresh_async()
