@@ -35,7 +35,9 @@ class DirectWrites:
         self.url = url
         self._options = options(url)
         # A cursor kept with each connection: making one per call costs more than the call.
-        self._idle: list[tuple[psycopg.Cursor[Any], Owner]] = []
+        # Beside each, its owner, in a list of its own: no pair is made per call.
+        self._idle: list[psycopg.Cursor[Any]] = []
+        self._owners: list[Owner] = []
         self._lock = threading.Lock()
         self._pid = os.getpid()
 
@@ -73,9 +75,9 @@ class DirectWrites:
     def close(self) -> None:
         """Close the idle connections (those of another owner are just let go)."""
         with self._lock:
-            idle, self._idle = self._idle, []
+            idle, owners, self._idle, self._owners = self._idle, self._owners, [], []
         owner = no_owner()
-        for cur, held_by in idle:
+        for cur, held_by in zip(idle, owners, strict=True):
             if held_by is owner:
                 cur.connection.close()
             else:
@@ -87,29 +89,30 @@ class DirectWrites:
 
     def _take(self) -> psycopg.Cursor[Any]:
         owner = no_owner()
-        stale = []
-        found = None
+        found: psycopg.Cursor[Any] | None = None
+        stale: list[psycopg.Cursor[Any]] | None = None
         with self._lock:
             if self._pid != os.getpid():
                 inherited.extend(self._idle)
-                self._idle, self._pid = [], os.getpid()
+                self._idle, self._owners, self._pid = [], [], os.getpid()
             while self._idle:
-                cur, held_by = self._idle.pop()
-                if held_by is owner and not cur.connection.closed:
+                cur = self._idle.pop()
+                if self._owners.pop() is owner and not cur.connection.closed:
                     found = cur
                     break
+                stale = stale or []
                 stale.append(cur)
-        for cur in stale:
-            cur.connection.pgconn.finish()
-        if found is not None:
-            return found
-        return self._open()
+        if stale:  # closed, or another loop's: let go without awaiting anything on them
+            for cur in stale:
+                cur.connection.pgconn.finish()
+        return found if found is not None else self._open()
 
     def _give(self, cur: psycopg.Cursor[Any]) -> None:
         if reusable(cur.connection):
             with self._lock:
                 if self._pid == os.getpid() and len(self._idle) < MAX_IDLE:
-                    self._idle.append((cur, no_owner()))
+                    self._idle.append(cur)
+                    self._owners.append(no_owner())
                     return
         cur.connection.close()
 
