@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from conftest import query, wait_for
 
-import worker.client as client_module
+import worker.client.waiting as client_module
 from worker import (
     AsyncClient,
     Client,

@@ -9,13 +9,16 @@ statement as well, sent again as its idempotent INSERT twin.
 
     writes = DirectWrites(url)
     rows = writes.run(sql.ENQUEUE, sql.ENQUEUE_AGAIN, params)
+
+`AsyncDirectWrites` (in `worker.db.direct_async`) is the one implementation; `DirectWrites`
+(in `worker.db.direct_sync`) is generated from it by `scripts/unasync.py`. This module holds
+what both share: the connection options, the fork rule, and which event loop owns a kept
+connection. It opens no connection itself.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
-import threading
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -25,6 +28,13 @@ from psycopg.pq import TransactionStatus
 from worker.db.connect import connect_options
 
 Rows = list[tuple[Any, ...]]
+# The statement a write sends first, on a kept cursor.
+First = Callable[[psycopg.Cursor[Any]], Rows]
+AsyncFirst = Callable[[psycopg.AsyncCursor[Any]], Awaitable[Rows]]
+# What `copy` sends again as its idempotent twin, made only if it must be.
+Params = Callable[[], dict[str, Any]]
+# The event loop a kept connection belongs to (None for a blocking one).
+Owner = asyncio.AbstractEventLoop | None
 
 # Idle connections kept per client; more run at once only while callers overlap.
 MAX_IDLE = 5
@@ -37,200 +47,26 @@ _OPTIONS: dict[str, Any] = {
 
 # Connections inherited through fork() are never used nor freed in the child: freeing one would
 # end the parent's session on the shared socket.
-_inherited: list[Any] = []
+inherited: list[Any] = []
 
 
-def _reusable(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
+def options(url: str) -> dict[str, Any]:
+    """The keyword arguments of every kept connection to `url`."""
+    return {**connect_options(url, APPLICATION_NAME), **_OPTIONS}
+
+
+def reusable(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
+    """Whether `conn` may be kept for the next call: open, and in no transaction."""
     # The libpq status directly: `conn.info` builds an object per call, on every enqueue.
     return not conn.closed and conn.pgconn.transaction_status == TransactionStatus.IDLE
 
 
-class DirectWrites:
-    """Blocking, thread-safe."""
-
-    def __init__(self, url: str) -> None:
-        self.url = url
-        self._options = {**connect_options(url, APPLICATION_NAME), **_OPTIONS}
-        self._idle: list[psycopg.Connection[Any]] = []
-        self._lock = threading.Lock()
-        self._pid = os.getpid()
-
-    def run(self, statement: str, again: str, params: dict[str, Any]) -> Rows:
-        """Run `statement`; if the connection turns out dead, run `again` (its idempotent
-        twin) once on a fresh connection. Returns the rows (empty if none are returned)."""
-        return self._once(lambda conn: _execute(conn, statement, params), again, lambda: params)
-
-    def copy(
-        self, statement: str, rows: str, again: str, params: Callable[[], dict[str, Any]]
-    ) -> None:
-        """Send `rows` (COPY text) by the COPY `statement`; if the connection turns out dead,
-        run `again` with `params()` once on a fresh connection, as `run` does."""
-        self._once(lambda conn: _copy(conn, statement, rows), again, params)
-
-    def _once(
-        self,
-        first: Callable[[psycopg.Connection[Any]], Rows],
-        again: str,
-        params: Callable[[], dict[str, Any]],
-    ) -> Rows:
-        conn = self._take()
-        try:
-            rows = first(conn)
-        except psycopg.OperationalError:
-            if not conn.closed:
-                self._give(conn)
-                raise
-            self._drop_idle()  # the outage that killed this one most likely killed them all
-        except BaseException:
-            self._give(conn)
-            raise
-        else:
-            self._give(conn)
-            return rows
-        conn = psycopg.connect(self.url, **self._options)
-        try:
-            return _execute(conn, again, params())
-        finally:
-            self._give(conn)
-
-    def close(self) -> None:
-        self._drop_idle()
-
-    def _take(self) -> psycopg.Connection[Any]:
-        with self._lock:
-            if self._pid != os.getpid():
-                _inherited.extend(self._idle)
-                self._idle, self._pid = [], os.getpid()
-            while self._idle:
-                conn = self._idle.pop()
-                if not conn.closed:
-                    return conn
-        return psycopg.connect(self.url, **self._options)
-
-    def _give(self, conn: psycopg.Connection[Any]) -> None:
-        if _reusable(conn):
-            with self._lock:
-                if self._pid == os.getpid() and len(self._idle) < MAX_IDLE:
-                    self._idle.append(conn)
-                    return
-        conn.close()
-
-    def _drop_idle(self) -> None:
-        with self._lock:
-            idle, self._idle = self._idle, []
-        for conn in idle:
-            conn.close()
+def loop_owner() -> Owner:
+    """The owner of a connection opened now: the running event loop (a client may outlive
+    an `asyncio.run`, and a connection is reused only on its own loop)."""
+    return asyncio.get_running_loop()
 
 
-class AsyncDirectWrites:
-    """The asyncio twin of `DirectWrites`. A connection is reused only on the event loop that
-    opened it (a client may outlive an `asyncio.run`)."""
-
-    def __init__(self, url: str) -> None:
-        self.url = url
-        self._options = {**connect_options(url, APPLICATION_NAME), **_OPTIONS}
-        # A cursor kept with each connection: making one per call costs more than the call.
-        self._idle: list[tuple[psycopg.AsyncCursor[Any], asyncio.AbstractEventLoop]] = []
-        self._lock = threading.Lock()
-        self._pid = os.getpid()
-
-    async def run(self, statement: str, again: str, params: dict[str, Any]) -> Rows:
-        """See `DirectWrites.run`."""
-        return await self._once(
-            lambda cur: _execute_async(cur, statement, params), again, lambda: params
-        )
-
-    async def copy(
-        self, statement: str, rows: str, again: str, params: Callable[[], dict[str, Any]]
-    ) -> None:
-        """See `DirectWrites.copy`."""
-        await self._once(lambda cur: _copy_async(cur, statement, rows), again, params)
-
-    async def _once(
-        self,
-        first: Callable[[psycopg.AsyncCursor[Any]], Awaitable[Rows]],
-        again: str,
-        params: Callable[[], dict[str, Any]],
-    ) -> Rows:
-        cur = await self._take()
-        try:
-            rows = await first(cur)
-        except psycopg.OperationalError:
-            if not cur.connection.closed:
-                await self._give(cur)
-                raise
-            await self.close()  # the outage that killed this one most likely killed them all
-        except BaseException:
-            await self._give(cur)
-            raise
-        else:
-            await self._give(cur)
-            return rows
-        cur = (await psycopg.AsyncConnection.connect(self.url, **self._options)).cursor()
-        try:
-            return await _execute_async(cur, again, params())
-        finally:
-            await self._give(cur)
-
-    async def close(self) -> None:
-        """Close the idle connections (those of other event loops are just let go)."""
-        with self._lock:
-            idle, self._idle = self._idle, []
-        loop = asyncio.get_running_loop()
-        for cur, owner in idle:
-            if owner is loop:
-                await cur.connection.close()
-            else:
-                cur.connection.pgconn.finish()  # its loop is gone or elsewhere: no await on it
-
-    async def _take(self) -> psycopg.AsyncCursor[Any]:
-        loop = asyncio.get_running_loop()
-        stale = []
-        found = None
-        with self._lock:
-            if self._pid != os.getpid():
-                _inherited.extend(self._idle)
-                self._idle, self._pid = [], os.getpid()
-            while self._idle:
-                cur, owner = self._idle.pop()
-                if owner is loop and not cur.connection.closed:
-                    found = cur
-                    break
-                stale.append(cur)
-        for cur in stale:
-            cur.connection.pgconn.finish()
-        if found is not None:
-            return found
-        return (await psycopg.AsyncConnection.connect(self.url, **self._options)).cursor()
-
-    async def _give(self, cur: psycopg.AsyncCursor[Any]) -> None:
-        if _reusable(cur.connection):
-            with self._lock:
-                if self._pid == os.getpid() and len(self._idle) < MAX_IDLE:
-                    self._idle.append((cur, asyncio.get_running_loop()))
-                    return
-        await cur.connection.close()
-
-
-def _execute(conn: psycopg.Connection[Any], statement: str, params: dict[str, Any]) -> Rows:
-    cur = conn.execute(statement, params)
-    return cur.fetchall() if cur.rownumber is not None else []
-
-
-async def _execute_async(
-    cur: psycopg.AsyncCursor[Any], statement: str, params: dict[str, Any]
-) -> Rows:
-    await cur.execute(statement, params)
-    return await cur.fetchall() if cur.rownumber is not None else []
-
-
-def _copy(conn: psycopg.Connection[Any], statement: str, rows: str) -> Rows:
-    with conn.cursor() as cur, cur.copy(statement) as copy:
-        copy.write(rows)
-    return []
-
-
-async def _copy_async(cur: psycopg.AsyncCursor[Any], statement: str, rows: str) -> Rows:
-    async with cur.copy(statement) as copy:
-        await copy.write(rows)
-    return []
+def no_owner() -> Owner:
+    """The owner of a blocking connection: none, any thread may reuse it."""
+    return None

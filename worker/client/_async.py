@@ -1,0 +1,230 @@
+"""The asyncio client, and the wait loop of a job handle: the one implementation of both.
+
+`AsyncClient` enqueues (one job or a batch, on its own kept connections or in the caller's
+transaction) and acts on jobs (get, cancel, resume, retry, prune); `wait_done` is the loop
+behind `Job.wait`. The blocking `Client` and the loop behind `Job.wait_sync` are generated
+from this file into `worker.client._sync` by `scripts/unasync.py`: edit here, then run it.
+What may differ between the two lives in the helpers each side names (`AsyncWake` and `Wake`,
+`AsyncDirectWrites` and `DirectWrites`), never in this logic.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime, timedelta
+from typing import Any
+from uuid import UUID
+
+from worker.client.errors import InvalidTransition, JobNotFound
+from worker.client.job import Job, cancel_result, job_from_row, new_job
+from worker.client.targets import (
+    ASYNC_TAKES,
+    AsyncConnection,
+    AsyncEngine,
+    AsyncSession,
+    AsyncTarget,
+    portable,
+    rows,
+)
+from worker.client.validation import (
+    JobSpec,
+    job_id_of,
+    prepared_many,
+    prune_params,
+    stored_json,
+    validated,
+)
+from worker.client.waiting import AsyncGet, AsyncWake, done_waiters, pause, ready_for, time_left
+from worker.db import sql
+from worker.db.connect import async_engine
+from worker.db.direct_async import AsyncDirectWrites
+from worker.db.url import database_url, psycopg_url
+from worker.ids import new_job_id
+from worker.models import TERMINAL_STATUSES, JobStatus
+from worker.settings import get_settings
+
+JSON = Any
+
+
+class AsyncClient:
+    """The asyncio client: enqueue jobs, read them, cancel, resume, retry and prune them.
+
+    `connection=` joins the caller's transaction (a SQLAlchemy `AsyncConnection` or
+    `AsyncSession`, on the psycopg or asyncpg driver): the job then exists if and only if
+    that transaction commits, and no worker sees it before.
+
+    >>> client = AsyncClient()                                          # doctest: +SKIP
+    >>> async with engine.begin() as conn:                              # doctest: +SKIP
+    ...     await conn.execute(orders.insert().values(id=42))
+    ...     await client.enqueue("ship_order", {"order": 42}, connection=conn)
+    """
+
+    def __init__(self, url: str | None = None) -> None:
+        self.url = psycopg_url(url) if url else database_url()
+        self.engine: AsyncEngine = async_engine(self.url)
+        # Each of our statements is atomic on its own: autocommit spares a BEGIN and a COMMIT
+        # round trip per call.
+        self._autocommit = self.engine.execution_options(isolation_level="AUTOCOMMIT")
+        # Enqueues outside a caller's transaction: one prepared statement, one round trip.
+        self._direct = AsyncDirectWrites(self.url)
+        self.max_payload_bytes = get_settings().max_payload_bytes
+
+    async def close(self) -> None:
+        """Close the client's idle connections (it opens new ones if used again).
+
+        >>> await client.close()                                    # doctest: +SKIP
+        """
+        await self._direct.close()
+        await self.engine.dispose()
+
+    async def _run(self, statement: str, params: dict[str, Any]) -> Any:
+        async with self._autocommit.connect() as conn:
+            result = await conn.exec_driver_sql(statement, params)
+            return result.fetchall() if result.returns_rows else result.rowcount
+
+    async def _insert(
+        self,
+        statement: str,
+        again: str,
+        params: dict[str, Any],
+        connection: AsyncTarget,
+        returning: bool,
+    ) -> list[Any]:
+        if connection is None:
+            return await self._direct.run(statement, again, params)
+        if isinstance(connection, AsyncSession | AsyncConnection):
+            result = await connection.execute(portable(statement), params)
+            return rows(result, returning)
+        raise TypeError(
+            f"connection= takes a SQLAlchemy {ASYNC_TAKES}, not {type(connection).__name__}"
+        )
+
+    async def enqueue(
+        self,
+        task: str,
+        payload: dict[str, JSON] | None = None,
+        *,
+        queue: str = "default",
+        priority: int = 0,
+        delay: float | timedelta = 0.0,
+        run_at: datetime | None = None,
+        max_retries: int | None = None,
+        connection: AsyncTarget = None,
+    ) -> Job:
+        """Enqueue one job; returns its handle. Refused with `InvalidJob` before anything is
+        written if the payload is not a JSON object or an option is out of range.
+
+        >>> await client.enqueue("send_email", {"to": "ada@example.com"})  # doctest: +SKIP
+        """
+        spec = JobSpec(
+            task, {} if payload is None else payload, queue, priority, delay, run_at, max_retries
+        )
+        params = validated(spec, self.max_payload_bytes)
+        params["id"] = new_job_id()
+        ((id_, due),) = await self._insert(sql.ENQUEUE, sql.ENQUEUE_AGAIN, params, connection, True)
+        return new_job(id_, spec, self, due)
+
+    async def enqueue_many(
+        self,
+        jobs: Iterable[JobSpec | tuple[str, dict[str, JSON]]],
+        *,
+        connection: AsyncTarget = None,
+    ) -> list[Job]:
+        """Insert many jobs in one statement (one round trip); returns their handles in order.
+
+        Every job is validated first: if one is bad, `InvalidJob` names its index and nothing
+        is written. Idle workers are woken once per queue, not once per job.
+
+        >>> await client.enqueue_many([("resize", {"id": i}) for i in range(50)])  # doctest: +SKIP
+        """
+        batch = prepared_many(jobs, self.max_payload_bytes)
+        if not batch.specs:
+            return []
+        copy_rows = batch.copy_rows() if connection is None else None
+        if copy_rows is not None:
+            await self._direct.copy(
+                sql.ENQUEUE_MANY_COPY, copy_rows, sql.ENQUEUE_MANY_AGAIN, batch.params
+            )
+        else:
+            await self._insert(
+                sql.ENQUEUE_MANY, sql.ENQUEUE_MANY_AGAIN, batch.params(), connection, False
+            )
+        return [new_job(i, s, self) for i, s in zip(batch.ids, batch.specs, strict=True)]
+
+    async def get(self, job_id: str | UUID) -> Job:
+        """The job's current state, with its stages; `JobNotFound` if there is no such job."""
+        params = {"id": job_id_of(job_id)}
+        async with self._autocommit.connect() as conn:
+            result = await conn.exec_driver_sql(sql.GET_JOB, params)
+            row = result.fetchone()
+            if row is None:
+                raise JobNotFound(f"no job {job_id}")
+            result = await conn.exec_driver_sql(sql.GET_STAGES, params)
+            stages = result.fetchall()
+        return job_from_row(row, stages, self)
+
+    async def cancel(self, job_id: str | UUID) -> JobStatus:
+        """Cancel a job: at once if it has not started, else at its next stage boundary.
+        Returns the status after the request (a finished job's status is returned as is)."""
+        (row,) = await self._run(sql.CANCEL, {"id": job_id_of(job_id)})
+        return cancel_result(str(job_id), row)
+
+    async def resume(self, job_id: str | UUID, answer: JSON = None) -> Job:
+        """Answer a paused job's question; it goes back to `pending`.
+
+        >>> await client.resume(job_id, {"approved": True})     # doctest: +SKIP
+        """
+        params = {
+            "id": job_id_of(job_id),
+            "answer": stored_json(answer, "answer", self.max_payload_bytes),
+        }
+        if not await self._run(sql.RESUME, params):
+            job = await self.get(job_id)
+            raise InvalidTransition(f"job {job_id} is {job.status}, not paused: nothing to resume")
+        return await self.get(job_id)
+
+    async def retry(self, job_id: str | UUID) -> Job:
+        """Run a failed or cancelled job again, with fresh retries."""
+        if not await self._run(sql.RETRY, {"id": job_id_of(job_id)}):
+            job = await self.get(job_id)
+            raise InvalidTransition(
+                f"job {job_id} is {job.status}: only failed or cancelled jobs can be retried"
+            )
+        return await self.get(job_id)
+
+    async def cleanup_jobs(
+        self,
+        older_than: str | float | timedelta = "7d",
+        statuses: Iterable[JobStatus | str] = TERMINAL_STATUSES,
+        batch_size: int = 1000,
+    ) -> int:
+        """Delete finished jobs that finished longer ago than `older_than` ("7d", "12h",
+        seconds or a timedelta), with their stages and events. Each batch of `batch_size` is
+        its own short transaction, so no lock is held for long. Returns how many were removed.
+
+        >>> await client.cleanup_jobs(older_than="30d", statuses=["completed"])   # doctest: +SKIP
+        1200
+        """
+        params = prune_params(older_than, statuses, batch_size)
+        removed = 0
+        while True:
+            n: int = await self._run(sql.PRUNE_BATCH, params)
+            removed += n
+            if n < batch_size:
+                return removed
+
+
+async def wait_done(job: Job, get: AsyncGet, url: str, deadline: float | None) -> JSON:
+    """Wait until `job` finishes or `deadline` (monotonic) passes, reading it with `get`;
+    returns its result, or raises as `Job.outcome` does."""
+    wake = AsyncWake()
+    with done_waiters(url).waiting(job.job_id, wake.set) as listening:
+        # LISTEN before the first read: a finish between the two is then never missed.
+        await wake.ready(listening, ready_for(deadline))
+        while True:
+            wake.clear()
+            job.update(await get(job.job_id))
+            left = time_left(deadline)
+            if job.status.is_terminal or (left is not None and left <= 0):
+                return job.outcome()
+            await wake.wait(pause(left))

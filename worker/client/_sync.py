@@ -1,0 +1,227 @@
+# Generated from worker/client/_async.py by scripts/unasync.py: do not edit.
+"""The blocking client, and the wait loop behind `Job.wait_sync`.
+
+Generated from `worker.client._async`, the one implementation of both: see it for
+what they do, and edit it (then run `python scripts/unasync.py`), not this file.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime, timedelta
+from typing import Any
+from uuid import UUID
+
+from worker.client.errors import InvalidTransition, JobNotFound
+from worker.client.job import Job, cancel_result, job_from_row, new_job
+from worker.client.targets import (
+    SYNC_TAKES,
+    Connection,
+    Engine,
+    Session,
+    SyncTarget,
+    portable,
+    rows,
+)
+from worker.client.validation import (
+    JobSpec,
+    job_id_of,
+    prepared_many,
+    prune_params,
+    stored_json,
+    validated,
+)
+from worker.client.waiting import Get, Wake, done_waiters, pause, ready_for, time_left
+from worker.db import sql
+from worker.db.connect import sync_engine
+from worker.db.direct_sync import DirectWrites
+from worker.db.url import database_url, psycopg_url
+from worker.ids import new_job_id
+from worker.models import TERMINAL_STATUSES, JobStatus
+from worker.settings import get_settings
+
+JSON = Any
+
+
+class Client:
+    """The blocking client: enqueue jobs, read them, cancel, resume, retry and prune them.
+
+    `connection=` joins the caller's transaction (a SQLAlchemy `Connection` or
+    `Session`, on the psycopg or asyncpg driver): the job then exists if and only if
+    that transaction commits, and no worker sees it before.
+
+    >>> client = Client()                                          # doctest: +SKIP
+    >>> with engine.begin() as conn:                              # doctest: +SKIP
+    ...     conn.execute(orders.insert().values(id=42))
+    ...     client.enqueue("ship_order", {"order": 42}, connection=conn)
+    """
+
+    def __init__(self, url: str | None = None) -> None:
+        self.url = psycopg_url(url) if url else database_url()
+        self.engine: Engine = sync_engine(self.url)
+        # Each of our statements is atomic on its own: autocommit spares a BEGIN and a COMMIT
+        # round trip per call.
+        self._autocommit = self.engine.execution_options(isolation_level="AUTOCOMMIT")
+        # Enqueues outside a caller's transaction: one prepared statement, one round trip.
+        self._direct = DirectWrites(self.url)
+        self.max_payload_bytes = get_settings().max_payload_bytes
+
+    def close(self) -> None:
+        """Close the client's idle connections (it opens new ones if used again).
+
+        >>> client.close()                                    # doctest: +SKIP
+        """
+        self._direct.close()
+        self.engine.dispose()
+
+    def _run(self, statement: str, params: dict[str, Any]) -> Any:
+        with self._autocommit.connect() as conn:
+            result = conn.exec_driver_sql(statement, params)
+            return result.fetchall() if result.returns_rows else result.rowcount
+
+    def _insert(
+        self,
+        statement: str,
+        again: str,
+        params: dict[str, Any],
+        connection: SyncTarget,
+        returning: bool,
+    ) -> list[Any]:
+        if connection is None:
+            return self._direct.run(statement, again, params)
+        if isinstance(connection, Session | Connection):
+            result = connection.execute(portable(statement), params)
+            return rows(result, returning)
+        raise TypeError(
+            f"connection= takes a SQLAlchemy {SYNC_TAKES}, not {type(connection).__name__}"
+        )
+
+    def enqueue(
+        self,
+        task: str,
+        payload: dict[str, JSON] | None = None,
+        *,
+        queue: str = "default",
+        priority: int = 0,
+        delay: float | timedelta = 0.0,
+        run_at: datetime | None = None,
+        max_retries: int | None = None,
+        connection: SyncTarget = None,
+    ) -> Job:
+        """Enqueue one job; returns its handle. Refused with `InvalidJob` before anything is
+        written if the payload is not a JSON object or an option is out of range.
+
+        >>> client.enqueue("send_email", {"to": "ada@example.com"})  # doctest: +SKIP
+        """
+        spec = JobSpec(
+            task, {} if payload is None else payload, queue, priority, delay, run_at, max_retries
+        )
+        params = validated(spec, self.max_payload_bytes)
+        params["id"] = new_job_id()
+        ((id_, due),) = self._insert(sql.ENQUEUE, sql.ENQUEUE_AGAIN, params, connection, True)
+        return new_job(id_, spec, self, due)
+
+    def enqueue_many(
+        self,
+        jobs: Iterable[JobSpec | tuple[str, dict[str, JSON]]],
+        *,
+        connection: SyncTarget = None,
+    ) -> list[Job]:
+        """Insert many jobs in one statement (one round trip); returns their handles in order.
+
+        Every job is validated first: if one is bad, `InvalidJob` names its index and nothing
+        is written. Idle workers are woken once per queue, not once per job.
+
+        >>> client.enqueue_many([("resize", {"id": i}) for i in range(50)])  # doctest: +SKIP
+        """
+        batch = prepared_many(jobs, self.max_payload_bytes)
+        if not batch.specs:
+            return []
+        copy_rows = batch.copy_rows() if connection is None else None
+        if copy_rows is not None:
+            self._direct.copy(
+                sql.ENQUEUE_MANY_COPY, copy_rows, sql.ENQUEUE_MANY_AGAIN, batch.params
+            )
+        else:
+            self._insert(
+                sql.ENQUEUE_MANY, sql.ENQUEUE_MANY_AGAIN, batch.params(), connection, False
+            )
+        return [new_job(i, s, self) for i, s in zip(batch.ids, batch.specs, strict=True)]
+
+    def get(self, job_id: str | UUID) -> Job:
+        """The job's current state, with its stages; `JobNotFound` if there is no such job."""
+        params = {"id": job_id_of(job_id)}
+        with self._autocommit.connect() as conn:
+            result = conn.exec_driver_sql(sql.GET_JOB, params)
+            row = result.fetchone()
+            if row is None:
+                raise JobNotFound(f"no job {job_id}")
+            result = conn.exec_driver_sql(sql.GET_STAGES, params)
+            stages = result.fetchall()
+        return job_from_row(row, stages, self)
+
+    def cancel(self, job_id: str | UUID) -> JobStatus:
+        """Cancel a job: at once if it has not started, else at its next stage boundary.
+        Returns the status after the request (a finished job's status is returned as is)."""
+        (row,) = self._run(sql.CANCEL, {"id": job_id_of(job_id)})
+        return cancel_result(str(job_id), row)
+
+    def resume(self, job_id: str | UUID, answer: JSON = None) -> Job:
+        """Answer a paused job's question; it goes back to `pending`.
+
+        >>> client.resume(job_id, {"approved": True})     # doctest: +SKIP
+        """
+        params = {
+            "id": job_id_of(job_id),
+            "answer": stored_json(answer, "answer", self.max_payload_bytes),
+        }
+        if not self._run(sql.RESUME, params):
+            job = self.get(job_id)
+            raise InvalidTransition(f"job {job_id} is {job.status}, not paused: nothing to resume")
+        return self.get(job_id)
+
+    def retry(self, job_id: str | UUID) -> Job:
+        """Run a failed or cancelled job again, with fresh retries."""
+        if not self._run(sql.RETRY, {"id": job_id_of(job_id)}):
+            job = self.get(job_id)
+            raise InvalidTransition(
+                f"job {job_id} is {job.status}: only failed or cancelled jobs can be retried"
+            )
+        return self.get(job_id)
+
+    def cleanup_jobs(
+        self,
+        older_than: str | float | timedelta = "7d",
+        statuses: Iterable[JobStatus | str] = TERMINAL_STATUSES,
+        batch_size: int = 1000,
+    ) -> int:
+        """Delete finished jobs that finished longer ago than `older_than` ("7d", "12h",
+        seconds or a timedelta), with their stages and events. Each batch of `batch_size` is
+        its own short transaction, so no lock is held for long. Returns how many were removed.
+
+        >>> client.cleanup_jobs(older_than="30d", statuses=["completed"])   # doctest: +SKIP
+        1200
+        """
+        params = prune_params(older_than, statuses, batch_size)
+        removed = 0
+        while True:
+            n: int = self._run(sql.PRUNE_BATCH, params)
+            removed += n
+            if n < batch_size:
+                return removed
+
+
+def wait_done(job: Job, get: Get, url: str, deadline: float | None) -> JSON:
+    """Wait until `job` finishes or `deadline` (monotonic) passes, reading it with `get`;
+    returns its result, or raises as `Job.outcome` does."""
+    wake = Wake()
+    with done_waiters(url).waiting(job.job_id, wake.set) as listening:
+        # LISTEN before the first read: a finish between the two is then never missed.
+        wake.ready(listening, ready_for(deadline))
+        while True:
+            wake.clear()
+            job.update(get(job.job_id))
+            left = time_left(deadline)
+            if job.status.is_terminal or (left is not None and left <= 0):
+                return job.outcome()
+            wake.wait(pause(left))

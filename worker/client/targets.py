@@ -1,0 +1,52 @@
+"""What `connection=` takes, and our statements in a form a caller's connection runs.
+
+A transactional enqueue runs on the caller's own SQLAlchemy connection or session, on the
+psycopg or asyncpg driver: `portable` rewrites a `%(name)s` statement for it. The blocking
+and asyncio clients import their SQLAlchemy types from here, under the names the generated
+blocking client expects. Nothing here opens a connection.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+from typing import Any
+
+from sqlalchemy import Connection, Engine, Result, TextClause, text
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
+from sqlalchemy.orm import Session
+
+__all__ = [
+    "ASYNC_TAKES",
+    "SYNC_TAKES",
+    "AsyncConnection",
+    "AsyncEngine",
+    "AsyncSession",
+    "AsyncTarget",
+    "Connection",
+    "Engine",
+    "Session",
+    "SyncTarget",
+    "portable",
+    "rows",
+]
+
+SyncTarget = Connection | Session | None
+AsyncTarget = AsyncConnection | AsyncSession | None
+
+# What each client's `connection=` takes, for the error that names a wrong one.
+SYNC_TAKES = "Connection or Session (AsyncClient takes the async ones)"
+ASYNC_TAKES = "AsyncConnection or AsyncSession (Client takes the blocking ones)"
+
+
+@lru_cache(maxsize=8)
+def portable(statement: str) -> TextClause:
+    """A `%(name)s` statement as a SQLAlchemy text clause, so it runs on the driver of the
+    caller's connection (psycopg or asyncpg): its casts are written `CAST(x AS t)`, which
+    `text()` leaves alone, unlike `::t` after a parameter."""
+    return text(re.sub(r"%\((\w+)\)s", r":\1", statement))
+
+
+def rows(result: Result[Any], returning: bool) -> list[Any]:
+    """The rows of a statement run on a caller's connection (none unless it returns some)."""
+    return list(result.all()) if returning else []

@@ -1,0 +1,274 @@
+"""Every check a job passes before anything is written, and the rows a batch is sent as.
+
+`validated` turns one `JobSpec` into the parameters of `sql.ENQUEUE`, or refuses it with
+`InvalidJob` naming the problem; `prepared_many` does so for a whole batch (naming the bad
+job's index) and gives it its ids; `Batch` writes the batch as the JSON of `sql.ENQUEUE_MANY`
+or the COPY text of `sql.ENQUEUE_MANY_COPY`. The bounds are those of the columns, so that
+what passes here is what PostgreSQL stores and Python reads back. Nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+from uuid import UUID
+
+from worker.client.errors import InvalidJob, JobNotFound
+from worker.encoding import NotStorable, dumps
+from worker.ids import job_id_text, new_job_ids
+from worker.models import TERMINAL_STATUSES, JobStatus
+from worker.schema import MAX_TASK_NAME, PRIORITY_RANGE
+
+JSON = Any
+
+# What the columns hold: `max_retries` is a 4-byte integer, and a time a job is due must be
+# one Python can read back (years 1 to 9999), or every listing that shows the job fails.
+MAX_RETRIES_LIMIT = 2**31 - 1
+MAX_DELAY = timedelta(days=365 * 100)
+RUN_AT_YEARS = (2, 9998)  # in UTC
+
+
+@dataclass
+class JobSpec:
+    """One job to enqueue (used by `enqueue_many`).
+
+    >>> JobSpec("send_email", {"to": "ada@example.com"}, queue="emails", delay=60)
+    JobSpec(task='send_email', payload={'to': 'ada@example.com'}, queue='emails', priority=0, \
+delay=60, run_at=None, max_retries=None)
+    """
+
+    task: str
+    payload: dict[str, JSON] = field(default_factory=dict)
+    queue: str = "default"
+    priority: int = 0
+    delay: float | timedelta = 0.0
+    run_at: datetime | None = None
+    max_retries: int | None = None
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def text_problem(value: str) -> str | None:
+    """Why PostgreSQL would not store `value` as given (text holds neither NUL nor half a
+    surrogate pair), or None. The API's request checks call it too."""
+    if "\x00" in value:
+        return "must not contain a NUL character (\\u0000)"
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        return "must not contain half of a UTF-16 surrogate pair"
+    return None
+
+
+def run_at_problem(run_at: datetime) -> str | None:
+    """Why a due time could not be read back (outside `RUN_AT_YEARS` in UTC), or None."""
+    low, high = RUN_AT_YEARS
+    try:
+        year = run_at.astimezone(UTC).year
+    except OverflowError:  # year 1 east of UTC, or 9999 west of it, is outside Python's range
+        year = 0
+    return None if low <= year <= high else f"must fall between the years {low} and {high}"
+
+
+def _bad_name(value: object, longest: int) -> bool:
+    if not isinstance(value, str) or not 1 <= len(value) <= longest:
+        return True
+    return text_problem(value) is not None
+
+
+def job_id_of(value: str | UUID) -> str:
+    """The id as text; a malformed one names no job (`JobNotFound`), as an unknown one does."""
+    text_ = job_id_text(value)
+    if text_ is None:
+        raise JobNotFound(f"no job {value!r}: not a job id")
+    return text_
+
+
+def stored_json(value: JSON, what: str, max_bytes: int, hint: str = "") -> str:
+    """`value` as the JSON text stored, or `InvalidJob` naming `what` is wrong with it: not
+    storable, or over `max_bytes` (WORKER_MAX_PAYLOAD_BYTES)."""
+    try:
+        text_ = dumps(value)
+    except NotStorable as exc:
+        raise InvalidJob(f"{what} {exc}") from None
+    size = len(text_) if text_.isascii() else len(text_.encode())
+    if size > max_bytes:
+        raise InvalidJob(
+            f"{what} is {size} bytes; the limit is {max_bytes} (WORKER_MAX_PAYLOAD_BYTES){hint}"
+        )
+    return text_
+
+
+def validated(spec: JobSpec, max_bytes: int) -> dict[str, Any]:
+    """The parameters of `sql.ENQUEUE` for `spec`, less its id; `InvalidJob` if it is bad."""
+    if _bad_name(spec.task, MAX_TASK_NAME):
+        raise InvalidJob(
+            f"task name must be a string of 1 to {MAX_TASK_NAME} characters, with no NUL"
+        )
+    if not isinstance(spec.payload, dict):
+        raise InvalidJob(
+            f"payload must be a JSON object (a dict), not {type(spec.payload).__name__}"
+        )
+    hint = ": store large data elsewhere and pass a reference"
+    text_ = stored_json(spec.payload, "payload", max_bytes, hint)
+    if _bad_name(spec.queue, 255):
+        raise InvalidJob("queue name must be a string of 1 to 255 characters, with no NUL")
+    low, high = PRIORITY_RANGE
+    if not _is_int(spec.priority) or not low <= spec.priority <= high:
+        raise InvalidJob(f"priority must be an integer from {low} to {high}")
+    if spec.max_retries is not None and (
+        not _is_int(spec.max_retries) or not 0 <= spec.max_retries <= MAX_RETRIES_LIMIT
+    ):
+        raise InvalidJob(f"max_retries must be an integer from 0 to {MAX_RETRIES_LIMIT}")
+    delay = spec.delay.total_seconds() if isinstance(spec.delay, timedelta) else spec.delay
+    if (
+        not isinstance(delay, int | float)
+        or isinstance(delay, bool)
+        or not math.isfinite(delay)
+        or not 0 <= delay <= MAX_DELAY.total_seconds()
+    ):
+        raise InvalidJob("delay must be a number of seconds or a timedelta, from 0 to 100 years")
+    if spec.run_at is not None:
+        if not isinstance(spec.run_at, datetime) or spec.run_at.tzinfo is None:
+            raise InvalidJob("run_at must be a timezone-aware datetime (e.g. datetime.now(UTC))")
+        problem = run_at_problem(spec.run_at)
+        if problem is not None:
+            raise InvalidJob(f"run_at {problem}")
+    return {
+        "task": spec.task,
+        "payload": text_,
+        "queue": spec.queue,
+        "priority": spec.priority,
+        "run_at": spec.run_at,
+        "delay": float(delay),
+        "max_retries": spec.max_retries,
+    }
+
+
+def _as_spec(item: object) -> JobSpec:
+    if isinstance(item, JobSpec):
+        return item
+    if isinstance(item, tuple) and 1 <= len(item) <= 2:
+        return JobSpec(*item)
+    raise InvalidJob(f"expected a JobSpec or a (task, payload) tuple, not {type(item).__name__}")
+
+
+@dataclass
+class Batch:
+    """Jobs for `enqueue_many`, every one validated, with their new ids."""
+
+    specs: list[JobSpec]
+    ids: list[str]
+    rows: list[dict[str, Any]]  # each job's parameters of `sql.ENQUEUE`, less its id
+
+    def params(self) -> dict[str, Any]:
+        """The parameters of `sql.ENQUEUE_MANY`."""
+        # The payloads are already JSON text: they go in as they are, not encoded a second time.
+        names = self._names(dumps)
+        parts = []
+        for id_, r in zip(self.ids, self.rows, strict=True):
+            run_at, retries = r["run_at"], r["max_retries"]
+            ra = "null" if run_at is None else f'"{run_at.isoformat()}"'
+            mr = "null" if retries is None else str(retries)
+            parts.append(
+                f'{{"i":"{id_}","t":{names[r["task"]]},"p":{r["payload"]},'
+                f'"q":{names[r["queue"]]},"pr":{r["priority"]},"ra":{ra},"d":{r["delay"]!r},'
+                f'"mr":{mr}}}'
+            )
+        return {"jobs": f"[{','.join(parts)}]"}
+
+    def copy_rows(self) -> str | None:
+        """The rows of `sql.ENQUEUE_MANY_COPY`, or None if a job waits (a delay or a run_at:
+        its run_at must come from the server's clock, which COPY cannot read)."""
+        if any(r["run_at"] is not None or r["delay"] for r in self.rows):
+            return None
+        names = self._names(lambda name: name.translate(_COPY_ESCAPES))
+        lines = []
+        for id_, r in zip(self.ids, self.rows, strict=True):
+            payload, retries = r["payload"], r["max_retries"]
+            t, q = names[r["task"]], names[r["queue"]]
+            if "\\" in payload:  # JSON text holds no tab or newline, only escapes of them
+                payload = payload.replace("\\", "\\\\")
+            mr = "\\N" if retries is None else str(retries)
+            lines.append(f"{id_}\t{t}\t{payload}\t{q}\t{r['priority']}\t{mr}\n")
+        return "".join(lines)
+
+    def _names(self, encode: Callable[[str], str]) -> dict[str, str]:
+        """Every task and queue name of the batch, encoded once (a batch repeats a few)."""
+        return {
+            name: encode(name) for name in {n for r in self.rows for n in (r["task"], r["queue"])}
+        }
+
+
+# What COPY's text format escapes in a value (its delimiter, its row end, and the escape).
+_COPY_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
+
+
+def prepared_many(jobs: Iterable[JobSpec | tuple[str, dict[str, JSON]]], max_bytes: int) -> Batch:
+    """Every job validated before anything is written; the first bad one is named by index."""
+    specs: list[JobSpec] = []
+    rows: list[dict[str, Any]] = []
+    for i, item in enumerate(jobs):
+        try:
+            spec = _as_spec(item)
+            rows.append(validated(spec, max_bytes))
+        except InvalidJob as exc:
+            raise InvalidJob(f"job {i}: {exc}") from None
+        specs.append(spec)
+    return Batch(specs, new_job_ids(len(rows)), rows)
+
+
+def parse_duration(value: str | float | timedelta) -> timedelta:
+    """A duration: "30s", "15m", "12h", "7d", "2w", a number of seconds or a timedelta, of
+    at most 100 years (past that, a finished time cannot be older)."""
+    try:
+        if isinstance(value, timedelta):
+            age = value
+        elif isinstance(value, int | float) and not isinstance(value, bool):
+            age = timedelta(seconds=value)
+        elif isinstance(value, str):
+            units = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+            match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*", value.lower())
+            if match is None:
+                raise ValueError(
+                    f"older_than must look like 30s, 15m, 12h, 7d or 2w, not {value!r}"
+                )
+            age = timedelta(seconds=float(match[1]) * units.get(match[2] or "s", 1))
+        else:
+            raise ValueError(f"older_than must be a duration, not {type(value).__name__}")
+    except OverflowError:
+        age = MAX_DELAY * 2  # NaN and infinity raise ValueError above
+    if age < timedelta(0) or age > MAX_DELAY:
+        raise ValueError("older_than must be from 0 to 100 years")
+    return age
+
+
+def prune_params(
+    older_than: str | float | timedelta, statuses: Iterable[JobStatus | str], batch_size: int
+) -> dict[str, Any]:
+    """The parameters of `sql.PRUNE_BATCH`; `ValueError` for a live status or a bad size."""
+    names: list[str] = []
+    for s in [statuses] if isinstance(statuses, str) else statuses:
+        try:
+            names.append(str(JobStatus(s)))
+        except ValueError:
+            raise ValueError(f"unknown job status {s!r}") from None
+    bad = [s for s in names if s not in TERMINAL_STATUSES]
+    if bad:
+        raise ValueError(
+            f"only finished jobs (completed, failed, cancelled) can be removed, "
+            f"not {', '.join(bad)}"
+        )
+    if not _is_int(batch_size) or batch_size < 1:
+        raise ValueError("batch_size must be a positive integer")
+    return {
+        "statuses": names,
+        "before": datetime.now().astimezone() - parse_duration(older_than),
+        "batch": batch_size,
+    }
