@@ -42,6 +42,7 @@ from rich.table import Table
 
 from worker.attempt import Outcome, OutcomeKind
 from worker.client import AsyncClient, JobSpec
+from worker.db import admin
 from worker.db.connect import aconnect
 from worker.settings import Settings
 from worker.tasks import Context
@@ -145,12 +146,7 @@ class Bench:
         )
 
     async def _unfinished(self, conn: psycopg.AsyncConnection[Any]) -> int:
-        cur = await conn.execute(
-            "SELECT count(*) FROM worker.jobs WHERE queue = %s AND status <> 'completed'",
-            (self.queue,),
-        )
-        row = await cur.fetchone()
-        return int(row[0]) if row else 0
+        return await admin.count_unfinished_in(conn, self.queue)
 
     async def _drain(self, engine: Any, bar: Callable[[int], None]) -> None:
         async with await aconnect(self.url, "durable-worker-bench") as conn:
@@ -199,8 +195,7 @@ class Bench:
     async def cleanup(self) -> int:
         """Delete every job of the bench's queue (their stages and events go with them)."""
         async with await aconnect(self.url, "durable-worker-bench") as conn:
-            cur = await conn.execute("DELETE FROM worker.jobs WHERE queue = %s", (self.queue,))
-            return cur.rowcount
+            return await admin.delete_queue(conn, self.queue)
 
     # -- all of it --------------------------------------------------------------------------
 

@@ -176,7 +176,7 @@ class QueueRow:
     processing: int
     paused: int
     failed_last_hour: int
-    oldest_pending_seconds: float | None
+    oldest_pending_seconds: float  # 0 when nothing due waits
     completed_last_minute: int
 
 
