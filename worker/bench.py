@@ -30,17 +30,11 @@ from typing import Any
 
 import psycopg
 from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TaskID,
-    TextColumn,
-    TimeElapsedColumn,
-)
+from rich.progress import TaskID
 from rich.table import Table
 
 from worker.attempt import Outcome, OutcomeKind
+from worker.cli.output import progress as progress_bar
 from worker.client import AsyncClient, JobSpec
 from worker.db import admin
 from worker.db.connect import aconnect
@@ -83,16 +77,6 @@ class _Noop:
     async def execute(self, ctx: Context) -> Outcome:
         self.started[int(ctx.payload["i"])] = time.perf_counter()
         return Outcome(OutcomeKind.COMPLETED)
-
-
-def _progress(console: Console) -> Progress:
-    return Progress(
-        TextColumn("{task.description:<26}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=console,
-    )
 
 
 class Bench:
@@ -211,7 +195,7 @@ class Bench:
             ("latency", self.latency_jobs, lambda b: self._latency(client, b)),
         ]
         try:
-            with _progress(self.console) as progress:
+            with progress_bar(self.console, width=26) as progress:
                 for title, total, step in steps:
                     tid = progress.add_task(title, total=total)
 

@@ -15,9 +15,9 @@ import time
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from worker.cli.output import progress as progress_bar
 from worker.client import Client
 from worker.db import admin, migrate
 from worker.db.admin import blocking
@@ -119,17 +119,11 @@ def run_demo(settings: Settings, quick_jobs: int = 40) -> None:
 
     async def main() -> None:
         runner = asyncio.create_task(worker.run())
-        with Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            console=console,
-        ) as progress:
-            bar = progress.add_task("jobs finished", total=len(ids))
+        with progress_bar(console) as shown:
+            bar = shown.add_task("jobs finished", total=len(ids))
             while True:
                 done = await asyncio.to_thread(_finished, url, ids)
-                progress.update(bar, completed=done)
+                shown.update(bar, completed=done)
                 if done == len(ids) or runner.done():
                     break
                 await asyncio.sleep(0.2)

@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 import hmac
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import asdict
 from importlib import metadata, resources
 from typing import Any
@@ -78,6 +78,17 @@ _CSP = (
     "default-src 'self'; script-src 'self' 'unsafe-inline'; style-src 'self' 'unsafe-inline'; "
     "img-src 'self' data:; connect-src 'self'; frame-ancestors 'none'"
 )
+
+
+@contextlib.contextmanager
+def _about(job_id: str) -> Iterator[None]:
+    """A client call on one job: an unknown job is a 404, a status that forbids it a 409."""
+    try:
+        yield
+    except JobNotFound:
+        raise ApiError(404, f"no job {job_id}") from None
+    except InvalidTransition as exc:
+        raise ApiError(409, str(exc)) from None
 
 
 class _Api:
@@ -176,10 +187,14 @@ class _Api:
             return await admin.job_status(conn, job_id)
 
     async def job_out(self, job_id: str) -> JSONResponse:
-        try:
+        with _about(job_id):
             return json_response(JobOut.of(await self.client.get(job_id)))
-        except JobNotFound:
-            raise ApiError(404, f"no job {job_id}") from None
+
+    async def action(self, request: Request) -> str:
+        """What a `POST` on one job without a body passes first; the job's id."""
+        self.guard(request)
+        await self.body(request)  # none is expected; still bounded, and JSON if any
+        return path_job_id(request)
 
     # -- pages and probes -------------------------------------------------------------------
 
@@ -284,13 +299,9 @@ class _Api:
         return await self.job_out(path_job_id(request))
 
     async def cancel(self, request: Request) -> Response:
-        self.guard(request)
-        await self.body(request)  # none is expected; still bounded, and JSON if any
-        job_id = path_job_id(request)
-        try:
+        job_id = await self.action(request)
+        with _about(job_id):
             status = await self.client.cancel(job_id)
-        except JobNotFound:
-            raise ApiError(404, f"no job {job_id}") from None
         if status.is_terminal and status != JobStatus.CANCELLED:
             raise ApiError(409, f"job {job_id} already {status}: nothing to cancel")
         return json_response(
@@ -309,25 +320,16 @@ class _Api:
         except ValidationError as exc:
             raise invalid(exc, "body") from None
         try:
-            job = await self.client.resume(job_id, answer)
-        except JobNotFound:
-            raise ApiError(404, f"no job {job_id}") from None
-        except InvalidTransition as exc:
-            raise ApiError(409, str(exc)) from None
+            with _about(job_id):
+                job = await self.client.resume(job_id, answer)
         except InvalidJob as exc:
             raise ApiError(422, f"invalid body: {exc}") from None
         return json_response(JobOut.of(job))
 
     async def retry(self, request: Request) -> Response:
-        self.guard(request)
-        await self.body(request)  # none is expected; still bounded, and JSON if any
-        job_id = path_job_id(request)
-        try:
+        job_id = await self.action(request)
+        with _about(job_id):
             job = await self.client.retry(job_id)
-        except JobNotFound:
-            raise ApiError(404, f"no job {job_id}") from None
-        except InvalidTransition as exc:
-            raise ApiError(409, str(exc)) from None
         return json_response(JobOut.of(job))
 
     async def events(self, request: Request) -> Response:

@@ -74,8 +74,9 @@ def summary(text: str | None, width: int = 60) -> str:
     return line if len(line) <= width else line[: width - 1] + "…"
 
 
-def progress() -> Progress:
-    """A progress bar on stderr, so stdout stays clean for scripts."""
+def progress(console: Console = err, width: int = 0) -> Progress:
+    """A progress bar (on stderr by default, so stdout stays clean for scripts); `width` pads
+    the descriptions so that several bars line up."""
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
@@ -84,10 +85,11 @@ def progress() -> Progress:
         TimeElapsedColumn,
     )
 
+    description = f"{{task.description:<{width}}}" if width else "{task.description}"
     return Progress(
-        TextColumn("{task.description}"),
+        TextColumn(description),
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
-        console=err,
+        console=console,
     )
