@@ -63,11 +63,20 @@ async def _count(conn: Conn, statement: str, params: Any = None) -> int:
     return int(row[0]) if row else 0
 
 
-# -- reading jobs -----------------------------------------------------------------------------
+# -- the rows, typed ----------------------------------------------------------------------
+
+
+class _JobStatusRow:
+    """A row whose `status` is a job's: read as a `JobStatus`, not as its text."""
+
+    status: JobStatus
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "status", JobStatus(self.status))
 
 
 @dataclass(frozen=True)
-class JobRow:
+class JobRow(_JobStatusRow):
     """One job as a list shows it; `error` is its first line only."""
 
     id: UUID
@@ -82,9 +91,6 @@ class JobRow:
     started_at: datetime | None
     finished_at: datetime | None
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "status", JobStatus(self.status))
-
 
 @dataclass(frozen=True)
 class JobFilter:
@@ -97,6 +103,101 @@ class JobFilter:
     newer: float | None = None
     before_at: datetime | None = None
     before_id: str | None = None
+
+
+@dataclass(frozen=True)
+class EventRow:
+    """One progress event of a job."""
+
+    id: int
+    step: str
+    status: str
+    message: Any
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class StatusCount(_JobStatusRow):
+    """Jobs of one queue in one status; `oldest_pending` only for the pending ones due now."""
+
+    queue: str
+    status: JobStatus
+    jobs: int
+    oldest_pending: Decimal | float | None
+
+
+@dataclass(frozen=True)
+class QueueRow:
+    """One queue as `worker.queue_stats` sees it: live jobs and the last hour."""
+
+    queue: str
+    pending: int
+    scheduled: int
+    processing: int
+    paused: int
+    failed_last_hour: int
+    oldest_pending_seconds: float  # 0 when nothing due waits
+    completed_last_minute: int
+
+
+@dataclass(frozen=True)
+class WorkerRow:
+    """A registered worker, how long ago it last beat, and the ids of the jobs it holds."""
+
+    id: UUID
+    hostname: str
+    pid: int
+    queues: list[str]
+    concurrency: int
+    started_at: datetime
+    heartbeat_at: datetime
+    heartbeat_age: float
+    jobs: list[str]
+
+
+@dataclass(frozen=True)
+class QueueCount:
+    """A number of jobs in one queue."""
+
+    queue: str
+    jobs: int
+
+
+@dataclass(frozen=True)
+class RetrySet:
+    """The jobs a bulk retry moves: their filter, and the cutoff that walks them once."""
+
+    status: JobStatus
+    task: str | None
+    queue: str | None
+    jobs: int = 0
+    cutoff: datetime | None = None
+
+    def params(self, **more: Any) -> dict[str, Any]:
+        return {"status": self.status.value, "task": self.task, "queue": self.queue, **more}
+
+
+@dataclass(frozen=True)
+class StatusSummary(_JobStatusRow):
+    """The jobs of one status among a set: how many, their mean run time, their retries."""
+
+    status: JobStatus
+    jobs: int
+    avg_seconds: Decimal | None
+    retries: int
+
+
+@dataclass(frozen=True)
+class Outcome(_JobStatusRow):
+    """A job's task, status, retries, and its result (or its error's first line) as text."""
+
+    task: str
+    status: JobStatus
+    retry_count: int
+    outcome: str | None
+
+
+# -- reading jobs -----------------------------------------------------------------------------
 
 
 async def find_jobs(conn: Conn, where: JobFilter, *, limit: int, offset: int = 0) -> list[JobRow]:
@@ -121,17 +222,6 @@ async def job_status(conn: Conn, job_id: str) -> JobStatus | None:
     return None if row is None else JobStatus(row[0])
 
 
-@dataclass(frozen=True)
-class EventRow:
-    """One progress event of a job."""
-
-    id: int
-    step: str
-    status: str
-    message: Any
-    created_at: datetime
-
-
 async def last_events(conn: Conn, job_id: str, limit: int) -> list[EventRow]:
     """The job's newest `limit` events, oldest first."""
     rows = await _rows(conn, EventRow, sql.LAST_EVENTS, {"job_id": job_id, "limit": limit})
@@ -148,36 +238,9 @@ async def health(conn: Conn) -> bool:
     return bool(row and row[0])
 
 
-@dataclass(frozen=True)
-class StatusCount:
-    """Jobs of one queue in one status; `oldest_pending` only for the pending ones due now."""
-
-    queue: str
-    status: JobStatus
-    jobs: int
-    oldest_pending: Decimal | float | None
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "status", JobStatus(self.status))
-
-
 async def job_stats(conn: Conn) -> list[StatusCount]:
     """Counts per queue and status, over every job the table holds."""
     return await _rows(conn, StatusCount, sql.JOB_STATS)
-
-
-@dataclass(frozen=True)
-class QueueRow:
-    """One queue as `worker.queue_stats` sees it: live jobs and the last hour."""
-
-    queue: str
-    pending: int
-    scheduled: int
-    processing: int
-    paused: int
-    failed_last_hour: int
-    oldest_pending_seconds: float  # 0 when nothing due waits
-    completed_last_minute: int
 
 
 async def queue_stats(conn: Conn) -> list[QueueRow]:
@@ -185,32 +248,9 @@ async def queue_stats(conn: Conn) -> list[QueueRow]:
     return await _rows(conn, QueueRow, sql.QUEUE_STATS)
 
 
-@dataclass(frozen=True)
-class WorkerRow:
-    """A registered worker, how long ago it last beat, and the ids of the jobs it holds."""
-
-    id: UUID
-    hostname: str
-    pid: int
-    queues: list[str]
-    concurrency: int
-    started_at: datetime
-    heartbeat_at: datetime
-    heartbeat_age: float
-    jobs: list[str]
-
-
 async def list_workers(conn: Conn) -> list[WorkerRow]:
     """Every registered worker, oldest first."""
     return await _rows(conn, WorkerRow, sql.LIST_WORKERS)
-
-
-@dataclass(frozen=True)
-class QueueCount:
-    """A number of jobs in one queue."""
-
-    queue: str
-    jobs: int
 
 
 async def stuck_by_queue(conn: Conn, lease_seconds: float) -> list[QueueCount]:
@@ -226,20 +266,6 @@ async def count_live_workers(conn: Conn, lease_seconds: float) -> int:
 
 
 # -- bulk verbs -------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class RetrySet:
-    """The jobs a bulk retry moves: their filter, and the cutoff that walks them once."""
-
-    status: JobStatus
-    task: str | None
-    queue: str | None
-    jobs: int = 0
-    cutoff: datetime | None = None
-
-    def params(self, **more: Any) -> dict[str, Any]:
-        return {"status": self.status.value, "task": self.task, "queue": self.queue, **more}
 
 
 async def count_retryable(conn: Conn, wanted: RetrySet) -> RetrySet:
@@ -280,35 +306,9 @@ async def count_finished(conn: Conn, ids: Sequence[str]) -> int:
     return await _count(conn, sql.COUNT_FINISHED, {"ids": list(ids), "statuses": statuses})
 
 
-@dataclass(frozen=True)
-class StatusSummary:
-    """The jobs of one status among a set: how many, their mean run time, their retries."""
-
-    status: JobStatus
-    jobs: int
-    avg_seconds: Decimal | None
-    retries: int
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "status", JobStatus(self.status))
-
-
 async def summary_by_status(conn: Conn, ids: Sequence[str]) -> list[StatusSummary]:
     """These jobs by status."""
     return await _rows(conn, StatusSummary, sql.SUMMARY_BY_STATUS, {"ids": list(ids)})
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """A job's task, status, retries, and its result (or its error's first line) as text."""
-
-    task: str
-    status: JobStatus
-    retry_count: int
-    outcome: str | None
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "status", JobStatus(self.status))
 
 
 async def outcomes(conn: Conn, ids: Sequence[str], *, except_task: str) -> list[Outcome]:
