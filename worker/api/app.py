@@ -12,6 +12,11 @@ for a missing or wrong token, 403 for a cross-site request or a database role th
 change jobs, 404 for an unknown job, 409 for an action the job's status does not allow, 413 for
 a body over the limit, 415 for a body that is not JSON, 422 for a bad body or parameter
 (naming it) or a value the database refuses, 503 while the database is unreachable.
+
+Here are the routes and their handlers; a request's parameters and body are read by
+`worker.api.params`, errors become answers in `worker.api.errors`, reads are
+`worker.db.admin`'s operations and changes the client's. What this does not do: it runs no
+job, and it keeps no state of its own between requests but the client and the event bus.
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ from worker.models import TERMINAL_STATUSES, JobStatus, ProgressEvent
 log = logging.getLogger("worker.api")
 
 # How long a finished job's stream waits for events still on their way (a worker flushes its
-# events every 50 ms, or when the database is back), when no final event closes it first.
+# events on a short timer, or when the database is back), when no final event closes it first.
 END_GRACE_SECONDS = 2.0
 # How often an idle stream re-reads the job's status, and sends a comment so proxies and the
 # server notice a client that went away.
