@@ -3,7 +3,7 @@
 Enqueues a realistic batch (quick jobs, a job that fails once and succeeds on retry, one that
 always fails, a slow one, and a three-stage pipeline with a cleanup), runs a worker until all
 are finished, shows live progress, and prints a summary table by status. What this does not
-do: it leaves the jobs it made in place (`worker prune` removes them), and it is no test.
+do: it leaves the jobs it made in place (`worker prune` removes them once they are old).
 """
 
 from __future__ import annotations

@@ -8,10 +8,13 @@ statement of its own; commands ask `worker.db.admin` or the client.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from worker.cli.errors import CliError
 from worker.settings import Settings, load_settings_or_exit
+
+if TYPE_CHECKING:
+    from worker.db.admin import Conn
 
 T = TypeVar("T")
 
@@ -35,7 +38,7 @@ def client() -> Any:
     return Client(url())
 
 
-def ask(work: Callable[[Any], Awaitable[T]], database: str | None = None) -> T:
+def ask(work: Callable[[Conn], Awaitable[T]], database: str | None = None) -> T:
     """Run one of `worker.db.admin`'s operations (or a few, in `work`) and wait for it."""
     from worker.db.admin import blocking
 

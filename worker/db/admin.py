@@ -8,7 +8,8 @@ The statements themselves live in `worker.db.sql.admin`, each with why it is saf
 What this does not do: it does not enqueue, claim or change one job (that is the client and
 the daemon), and it does not decide what to print or serve.
 
-    rows = blocking(url, "durable-worker-cli", lambda conn: queue_stats(conn))
+    rows = blocking(url, "durable-worker-cli", queue_stats)          # from blocking code
+    async with pool.connection() as conn: rows = await queue_stats(conn)  # from asyncio
 """
 
 from __future__ import annotations
