@@ -12,7 +12,8 @@ The database series are the same whichever process serves them; with several wor
 `max by (queue, status)` rather than `sum`. Counting reads only live rows and the last hour
 (the `worker.queue_stats` view), never the finished history, so a scrape stays cheap on a
 table with millions of finished jobs. Terminal statuses have no gauge for that reason: count
-them with the `..._total` counters.
+them with the `..._total` counters. What this does not do: it keeps no history and raises
+no alert; Prometheus does both.
 
     from worker import metrics
     app.add_route("/metrics", metrics.asgi_app(database_url))      # Starlette

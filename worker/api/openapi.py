@@ -1,4 +1,9 @@
-"""The OpenAPI 3.1 description of the HTTP edge, built from the pydantic shapes it uses."""
+"""The OpenAPI 3.1 description of the HTTP edge, built from the pydantic shapes it uses.
+
+One `Operation` per route says its answers and errors; `build_spec` turns them into the
+document `GET /openapi.json` serves. What this does not do: it routes nothing and checks no
+request; the routes are `worker.api.app`'s (a test checks the document names each one).
+"""
 
 from __future__ import annotations
 

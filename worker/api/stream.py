@@ -11,6 +11,9 @@ that never sends one (a plain task, a job cancelled before it started), a short 
 the row is finished, so events still on their way are delivered; or when the job is deleted.
 A failed event of a job that was retried since does not end the stream. The last message is an
 `end` event (no id) carrying the final status, so a client knows not to reconnect.
+
+What this does not do: it does not read events itself (the bus does) nor decide who may
+listen (every read of the API is open).
 """
 
 from __future__ import annotations

@@ -1,4 +1,8 @@
-"""Read-only questions of the HTTP edge, the CLI and the metrics, and the CLI's bulk writes."""
+"""Read-only questions of the HTTP edge, the CLI and the metrics, and the CLI's bulk writes.
+
+`worker.db.admin` runs each of them and reads its rows; the demo's and the bench's questions
+about their own jobs are here too. What this does not hold: one job's verbs (`actions`).
+"""
 
 # Read-only: counts per queue and status; the pending age counts from when a job became due
 # (`run_at`), so a job delayed on purpose is not reported as waiting.
