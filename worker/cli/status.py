@@ -73,37 +73,39 @@ def workers(as_json: AsJson = False) -> None:
     """
     lease = settings().lease_seconds
     rows = ask(admin.list_workers)
-    data: list[dict[str, Any]] = [
-        {
-            "id": str(row.id),
-            "hostname": row.hostname,
-            "pid": row.pid,
-            "queues": row.queues,
-            "concurrency": row.concurrency,
-            "started_at": row.started_at,
-            "heartbeat_at": row.heartbeat_at,
-            "heartbeat_age_seconds": row.heartbeat_age,
-            "alive": row.heartbeat_age <= lease,
-            "jobs": row.jobs,
-        }
-        for row in rows
-    ]
     if as_json:
-        emit_json(data)
+        emit_json([_worker_json(row, lease) for row in rows])
         return
-    if not data:
+    if not rows:
         out.print("no workers registered")
         return
     table = _table("id", "host", "pid", "queues", "heartbeat", "state", "jobs")
     table.columns[0].no_wrap = True
-    for w in data:
+    for row in rows:
         table.add_row(
-            w["id"],
-            w["hostname"],
-            str(w["pid"]),
-            ",".join(w["queues"]),
-            f"{span(w['heartbeat_age_seconds'])} ago",
-            "[green]alive[/]" if w["alive"] else "[red]late[/]",
-            f"{len(w['jobs'])}/{w['concurrency']}",
+            str(row.id),
+            row.hostname,
+            str(row.pid),
+            ",".join(row.queues),
+            f"{span(row.heartbeat_age)} ago",
+            "[green]alive[/]" if row.heartbeat_age <= lease else "[red]late[/]",
+            f"{len(row.jobs)}/{row.concurrency}",
         )
     out.print(table)
+
+
+def _worker_json(row: admin.WorkerRow, lease: float) -> dict[str, Any]:
+    """A worker as `worker workers --json` prints it: alive while its heartbeat is within the
+    lease."""
+    return {
+        "id": str(row.id),
+        "hostname": row.hostname,
+        "pid": row.pid,
+        "queues": row.queues,
+        "concurrency": row.concurrency,
+        "started_at": row.started_at,
+        "heartbeat_at": row.heartbeat_at,
+        "heartbeat_age_seconds": row.heartbeat_age,
+        "alive": row.heartbeat_age <= lease,
+        "jobs": row.jobs,
+    }
