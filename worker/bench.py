@@ -30,18 +30,13 @@ from typing import Any
 
 import psycopg
 from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TaskID,
-    TextColumn,
-    TimeElapsedColumn,
-)
+from rich.progress import TaskID
 from rich.table import Table
 
 from worker.attempt import Outcome, OutcomeKind
+from worker.cli.output import progress as progress_bar
 from worker.client import AsyncClient, JobSpec
+from worker.db import admin
 from worker.db.connect import aconnect
 from worker.settings import Settings
 from worker.tasks import Context
@@ -82,16 +77,6 @@ class _Noop:
     async def execute(self, ctx: Context) -> Outcome:
         self.started[int(ctx.payload["i"])] = time.perf_counter()
         return Outcome(OutcomeKind.COMPLETED)
-
-
-def _progress(console: Console) -> Progress:
-    return Progress(
-        TextColumn("{task.description:<26}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=console,
-    )
 
 
 class Bench:
@@ -145,12 +130,7 @@ class Bench:
         )
 
     async def _unfinished(self, conn: psycopg.AsyncConnection[Any]) -> int:
-        cur = await conn.execute(
-            "SELECT count(*) FROM worker.jobs WHERE queue = %s AND status <> 'completed'",
-            (self.queue,),
-        )
-        row = await cur.fetchone()
-        return int(row[0]) if row else 0
+        return await admin.count_unfinished_in(conn, self.queue)
 
     async def _drain(self, engine: Any, bar: Callable[[int], None]) -> None:
         async with await aconnect(self.url, "durable-worker-bench") as conn:
@@ -199,8 +179,7 @@ class Bench:
     async def cleanup(self) -> int:
         """Delete every job of the bench's queue (their stages and events go with them)."""
         async with await aconnect(self.url, "durable-worker-bench") as conn:
-            cur = await conn.execute("DELETE FROM worker.jobs WHERE queue = %s", (self.queue,))
-            return cur.rowcount
+            return await admin.delete_queue(conn, self.queue)
 
     # -- all of it --------------------------------------------------------------------------
 
@@ -216,7 +195,7 @@ class Bench:
             ("latency", self.latency_jobs, lambda b: self._latency(client, b)),
         ]
         try:
-            with _progress(self.console) as progress:
+            with progress_bar(self.console, width=26) as progress:
                 for title, total, step in steps:
                     tid = progress.add_task(title, total=total)
 

@@ -2,7 +2,8 @@
 
 Enqueues a realistic batch (quick jobs, a job that fails once and succeeds on retry, one that
 always fails, a slow one, and a three-stage pipeline with a cleanup), runs a worker until all
-are finished, shows live progress, and prints a summary table by status.
+are finished, shows live progress, and prints a summary table by status. What this does not
+do: it leaves the jobs it made in place (`worker prune` removes them once they are old).
 """
 
 from __future__ import annotations
@@ -15,14 +16,13 @@ import time
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from worker.cli.output import progress as progress_bar
 from worker.client import Client
-from worker.db import migrate
-from worker.db.connect import connect
+from worker.db import admin, migrate
+from worker.db.admin import blocking
 from worker.db.url import database_url, embedded_server, redact
-from worker.models import TERMINAL_STATUSES
 from worker.settings import Settings
 from worker.stages import Pipeline
 from worker.tasks import Context, task
@@ -120,17 +120,11 @@ def run_demo(settings: Settings, quick_jobs: int = 40) -> None:
 
     async def main() -> None:
         runner = asyncio.create_task(worker.run())
-        with Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            console=console,
-        ) as progress:
-            bar = progress.add_task("jobs finished", total=len(ids))
+        with progress_bar(console) as shown:
+            bar = shown.add_task("jobs finished", total=len(ids))
             while True:
                 done = await asyncio.to_thread(_finished, url, ids)
-                progress.update(bar, completed=done)
+                shown.update(bar, completed=done)
                 if done == len(ids) or runner.done():
                     break
                 await asyncio.sleep(0.2)
@@ -149,37 +143,27 @@ def run_demo(settings: Settings, quick_jobs: int = 40) -> None:
 
 
 def _finished(url: str, ids: list[str]) -> int:
-    with connect(url, "durable-worker-demo") as conn:
-        row = conn.execute(
-            "SELECT count(*) FROM worker.jobs WHERE id = ANY(%s::uuid[]) AND status = ANY(%s)",
-            (ids, sorted(TERMINAL_STATUSES)),
-        ).fetchone()
-    return int(row[0]) if row else 0
+    return blocking(url, "durable-worker-demo", lambda conn: admin.count_finished(conn, ids))
+
+
+async def _read_summary(
+    conn: admin.Conn, ids: list[str]
+) -> tuple[list[admin.StatusSummary], list[admin.Outcome]]:
+    by_status = await admin.summary_by_status(conn, ids)
+    return by_status, await admin.outcomes(conn, ids, except_task="demo.thumbnail")
 
 
 def _summary(console: Console, url: str, ids: list[str]) -> None:
-    with connect(url, "durable-worker-demo") as conn:
-        by_status = conn.execute(
-            "SELECT status, count(*), round(avg(extract(epoch FROM finished_at - started_at))"
-            "::numeric, 3), sum(retry_count) FROM worker.jobs WHERE id = ANY(%s::uuid[]) "
-            "GROUP BY status ORDER BY status",
-            (ids,),
-        ).fetchall()
-        notable = conn.execute(
-            "SELECT task, status, retry_count, coalesce(result::text, split_part(error, E'\\n', 1))"
-            " FROM worker.jobs WHERE id = ANY(%s::uuid[]) AND task <> 'demo.thumbnail' "
-            "ORDER BY task",
-            (ids,),
-        ).fetchall()
+    by_status, notable = blocking(url, "durable-worker-demo", lambda c: _read_summary(c, ids))
     table = Table(title="jobs by status")
     for column in ("status", "jobs", "avg run time (s)", "retries"):
         table.add_column(column)
-    for status, count, avg, retries in by_status:
-        table.add_row(status, str(count), str(avg), str(retries))
+    for row in by_status:
+        table.add_row(row.status, str(row.jobs), str(row.avg_seconds), str(row.retries))
     console.print(table)
     details = Table(title="the interesting ones")
     for column in ("task", "status", "retries", "result or error"):
         details.add_column(column)
-    for task_name, status, retries, outcome in notable:
-        details.add_row(task_name, status, str(retries), str(outcome)[:80])
+    for job in notable:
+        details.add_row(job.task, job.status, str(job.retry_count), str(job.outcome)[:80])
     console.print(details)

@@ -12,7 +12,8 @@ The database series are the same whichever process serves them; with several wor
 `max by (queue, status)` rather than `sum`. Counting reads only live rows and the last hour
 (the `worker.queue_stats` view), never the finished history, so a scrape stays cheap on a
 table with millions of finished jobs. Terminal statuses have no gauge for that reason: count
-them with the `..._total` counters.
+them with the `..._total` counters. What this does not do: it keeps no history and raises
+no alert; Prometheus does both.
 
     from worker import metrics
     app.add_route("/metrics", metrics.asgi_app(database_url))      # Starlette
@@ -24,6 +25,7 @@ import asyncio
 import contextlib
 import threading
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 from wsgiref.simple_server import WSGIServer
 
@@ -40,15 +42,26 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from worker.db import sql
-from worker.db.connect import connect
+from worker.db import admin
+from worker.db.admin import Conn, blocking
+from worker.models import JobStatus
 
 PREFIX = "durable_worker"
 # Jobs run from milliseconds to an hour; the claim is one indexed statement.
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
 CLAIM_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
-LIVE_STATUSES = ("pending", "processing", "paused")
+# Terminal statuses have no gauge: counting them would read the finished history.
+LIVE_STATUSES = (JobStatus.PENDING, JobStatus.PROCESSING, JobStatus.PAUSED)
 SCRAPE_TIMEOUT_MS = 5000
+
+
+@dataclass(frozen=True)
+class Scrape:
+    """What one scrape read: the queues, the stuck jobs per queue, the live workers."""
+
+    queues: list[admin.QueueRow]
+    stuck: list[admin.QueueCount]
+    live_workers: int
 
 
 class DatabaseCollector(Collector):
@@ -69,7 +82,7 @@ class DatabaseCollector(Collector):
             f"{PREFIX}_database_up", "1 when the last scrape could read the worker schema."
         )
         try:
-            stats, stuck, workers = self._read()
+            scrape = self._read()
         except psycopg.Error:
             up.add_metric([], 0)
             yield up
@@ -102,37 +115,37 @@ class DatabaseCollector(Collector):
             "Processing jobs whose worker missed its heartbeat (see worker.stuck_jobs).",
             labels=["queue"],
         )
-        for row in stats:
-            queue = row["queue"]
+        for row in scrape.queues:
             for status in LIVE_STATUSES:
-                jobs.add_metric([queue, status], row[status])
-            depth.add_metric([queue], row["pending"] - row["scheduled"])
-            age.add_metric([queue], row["oldest_pending_seconds"])
-            failed.add_metric([queue], row["failed_last_hour"])
-            throughput.add_metric([queue], row["completed_last_minute"])
-        for queue, count in stuck:
-            stuck_jobs.add_metric([queue], count)
+                jobs.add_metric([row.queue, status.value], getattr(row, status.value))
+            depth.add_metric([row.queue], row.pending - row.scheduled)
+            age.add_metric([row.queue], row.oldest_pending_seconds)
+            failed.add_metric([row.queue], row.failed_last_hour)
+            throughput.add_metric([row.queue], row.completed_last_minute)
+        for stuck in scrape.stuck:
+            stuck_jobs.add_metric([stuck.queue], stuck.jobs)
         live = GaugeMetricFamily(
             f"{PREFIX}_workers", "Workers whose heartbeat is within the lease."
         )
-        live.add_metric([], workers)
+        live.add_metric([], scrape.live_workers)
         yield from (jobs, depth, age, failed, throughput, stuck_jobs, live)
 
-    def _read(self) -> tuple[list[dict[str, Any]], list[tuple[Any, ...]], int]:
-        from psycopg.rows import dict_row
-
-        with connect(
+    def _read(self) -> Scrape:
+        return blocking(
             self.url,
             "durable-worker-metrics",
+            self._ask,
             connect_timeout=5,
             application_name="durable-worker-metrics",
             options=f"-c statement_timeout={SCRAPE_TIMEOUT_MS}",
-        ) as conn:
-            conn.execute(sql.SET_LEASE, {"lease": self.lease_seconds})
-            stats = conn.cursor(row_factory=dict_row).execute(sql.QUEUE_STATS).fetchall()
-            stuck = conn.execute(sql.STUCK_BY_QUEUE).fetchall()
-            row = conn.execute(sql.COUNT_LIVE_WORKERS, {"lease": self.lease_seconds}).fetchone()
-        return stats, stuck, int(row[0]) if row else 0
+        )
+
+    async def _ask(self, conn: Conn) -> Scrape:
+        return Scrape(
+            await admin.queue_stats(conn),
+            await admin.stuck_by_queue(conn, self.lease_seconds),
+            await admin.count_live_workers(conn, self.lease_seconds),
+        )
 
 
 class WorkerMetrics:

@@ -1,4 +1,9 @@
-"""The OpenAPI 3.1 description of the HTTP edge, built from the pydantic shapes it uses."""
+"""The OpenAPI 3.1 description of the HTTP edge, built from the pydantic shapes it uses.
+
+One `Operation` per route says its answers and errors; `build_spec` turns them into the
+document `GET /openapi.json` serves. What this does not do: it routes nothing and checks no
+request; the routes are `worker.api.app`'s (a test checks the document names each one).
+"""
 
 from __future__ import annotations
 
@@ -43,6 +48,24 @@ _JOB_ID = {
     "schema": {"type": "string", "format": "uuid"},
 }
 _UNAVAILABLE = {503: "The database is unreachable (JSON error, retry later)."}
+
+
+def _job_action(
+    verb: str, summary: str, response: type[BaseModel], errors: dict[int, str], **more: Any
+) -> Operation:
+    """A `POST /jobs/{id}/<verb>`: it changes the job, and answers 503 while the database is
+    unreachable."""
+    return Operation(
+        "post",
+        f"/jobs/{{id}}/{verb}",
+        summary,
+        response,
+        parameters=[_JOB_ID],
+        errors={**errors, **_UNAVAILABLE},
+        mutates=True,
+        **more,
+    )
+
 
 OPERATIONS = [
     Operation("get", "/", "The dashboard page", "text/html"),
@@ -129,39 +152,25 @@ OPERATIONS = [
         ],
         errors={404: "No such job.", 422: "A bad Last-Event-ID.", **_UNAVAILABLE},
     ),
-    Operation(
-        "post",
-        "/jobs/{id}/cancel",
+    _job_action(
+        "cancel",
         "Cancel a job (at once if it has not started, else at its next stage boundary)",
         ActionOut,
-        parameters=[_JOB_ID],
-        errors={404: "No such job.", 409: "The job already finished.", **_UNAVAILABLE},
-        mutates=True,
+        {404: "No such job.", 409: "The job already finished."},
     ),
-    Operation(
-        "post",
-        "/jobs/{id}/resume",
+    _job_action(
+        "resume",
         "Answer a paused job's question; it runs again",
         JobOut,
+        {404: "No such job.", 409: "The job is not paused.", 422: "A bad body."},
         body=ResumeBody,
         body_required=False,
-        parameters=[_JOB_ID],
-        errors={
-            404: "No such job.",
-            409: "The job is not paused.",
-            422: "A bad body.",
-            **_UNAVAILABLE,
-        },
-        mutates=True,
     ),
-    Operation(
-        "post",
-        "/jobs/{id}/retry",
+    _job_action(
+        "retry",
         "Run a failed or cancelled job again, from its first unfinished stage",
         JobOut,
-        parameters=[_JOB_ID],
-        errors={404: "No such job.", 409: "The job is not failed or cancelled.", **_UNAVAILABLE},
-        mutates=True,
+        {404: "No such job.", 409: "The job is not failed or cancelled."},
     ),
 ]
 

@@ -1,4 +1,8 @@
-"""The shapes the HTTP edge accepts and returns; the OpenAPI spec is built from these."""
+"""The shapes the HTTP edge accepts and returns; the OpenAPI spec is built from these.
+
+A body's limits are the client's own (`worker.client`), so the API refuses what the client
+would. What this does not do: it reads no request and runs no statement.
+"""
 
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
 """Serving the HTTP edge with uvicorn (`worker api`), and the rule about tokens.
 
 Without `WORKER_API_TOKEN`, anyone who reaches the API could enqueue or cancel jobs, so it
-then serves on a loopback address only (127.0.0.1, ::1, localhost).
+then serves on a loopback address only (127.0.0.1, ::1, localhost). What this does not do:
+it handles no request itself; that is `worker.api.app`'s.
 """
 
 from __future__ import annotations

@@ -11,6 +11,9 @@ that never sends one (a plain task, a job cancelled before it started), a short 
 the row is finished, so events still on their way are delivered; or when the job is deleted.
 A failed event of a job that was retried since does not end the stream. The last message is an
 `end` event (no id) carrying the final status, so a client knows not to reconnect.
+
+What this does not do: it does not read events itself (the bus does) nor decide who may
+listen (every read of the API is open).
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from worker.models import TERMINAL_STATUSES, JobStatus, ProgressEvent
 log = logging.getLogger("worker.api")
 
 # How long a finished job's stream waits for events still on their way (a worker flushes its
-# events every 50 ms, or when the database is back), when no final event closes it first.
+# events on a short timer, or when the database is back), when no final event closes it first.
 END_GRACE_SECONDS = 2.0
 # How often an idle stream re-reads the job's status, and sends a comment so proxies and the
 # server notice a client that went away.

@@ -10,7 +10,8 @@ says in one line why it is safe. Callers name a statement as `sql.CLAIM`, wherev
 - `actions`: cancel, resume, retry and read one job; retention;
 - `stages`: a pipeline's stage bookkeeping;
 - `events`: progress events;
-- `admin`: the read-only questions of the HTTP edge, the CLI and the metrics.
+- `admin`: the read-only questions of the HTTP edge, the CLI and the metrics, the CLI's
+  bulk writes, and the demo's and the bench's questions about their own jobs.
 """
 
 from worker.db.sql.actions import (
@@ -23,18 +24,23 @@ from worker.db.sql.actions import (
     RETRY,
 )
 from worker.db.sql.admin import (
+    COUNT_FINISHED,
     COUNT_LIVE_WORKERS,
     COUNT_PRUNABLE,
     COUNT_RETRYABLE,
+    COUNT_UNCOMPLETED,
+    DELETE_QUEUE,
     FIND_JOBS,
     HEALTH,
     JOB_STATS,
     LAST_EVENTS,
     LIST_WORKERS,
+    OUTCOMES,
     QUEUE_STATS,
     RETRY_BATCH,
     SET_LEASE,
     STUCK_BY_QUEUE,
+    SUMMARY_BY_STATUS,
 )
 from worker.db.sql.claim import (
     CLAIM,
@@ -69,9 +75,12 @@ __all__ = [
     "CANCEL",
     "CLAIM",
     "CLAIM_ONE_QUEUE",
+    "COUNT_FINISHED",
     "COUNT_LIVE_WORKERS",
     "COUNT_PRUNABLE",
     "COUNT_RETRYABLE",
+    "COUNT_UNCOMPLETED",
+    "DELETE_QUEUE",
     "DEREGISTER_WORKER",
     "ENQUEUE",
     "ENQUEUE_AGAIN",
@@ -88,6 +97,7 @@ __all__ = [
     "JOB_STATUS",
     "LAST_EVENTS",
     "LIST_WORKERS",
+    "OUTCOMES",
     "PRUNE_BATCH",
     "PUBLISH_EVENTS",
     "QUEUE_STATS",
@@ -103,4 +113,5 @@ __all__ = [
     "SET_LEASE",
     "STAGE_WRITES",
     "STUCK_BY_QUEUE",
+    "SUMMARY_BY_STATUS",
 ]

@@ -1,4 +1,8 @@
-"""Read-only questions of the HTTP edge, the CLI and the metrics, and the CLI's bulk writes."""
+"""Read-only questions of the HTTP edge, the CLI and the metrics, and the CLI's bulk writes.
+
+`worker.db.admin` runs each of them and reads its rows; the demo's and the bench's questions
+about their own jobs are here too. What this does not hold: one job's verbs (`actions`).
+"""
 
 # Read-only: counts per queue and status; the pending age counts from when a job became due
 # (`run_at`), so a job delayed on purpose is not reported as waiting.
@@ -108,3 +112,37 @@ COUNT_LIVE_WORKERS = """
 SELECT count(*) FROM worker.workers
 WHERE heartbeat_at >= now() - make_interval(secs => %(lease)s)
 """
+
+# -- the demo and the bench, over jobs of their own ------------------------------------------
+
+# Read-only: how many of a set of jobs are finished (the primary key finds each).
+COUNT_FINISHED = """
+SELECT count(*) FROM worker.jobs
+WHERE id = ANY(%(ids)s::uuid[]) AND status = ANY(%(statuses)s)
+"""
+
+# Read-only: a set of jobs by status, with their mean run time and their retries.
+SUMMARY_BY_STATUS = """
+SELECT status, count(*) AS jobs,
+       round(avg(extract(epoch FROM finished_at - started_at))::numeric, 3) AS avg_seconds,
+       sum(retry_count) AS retries
+FROM worker.jobs WHERE id = ANY(%(ids)s::uuid[])
+GROUP BY status ORDER BY status
+"""
+
+# Read-only: what became of a set of jobs, leaving one task's out; the error's first line only.
+OUTCOMES = """
+SELECT task, status, retry_count,
+       coalesce(result::text, split_part(error, E'\\n', 1)) AS outcome
+FROM worker.jobs WHERE id = ANY(%(ids)s::uuid[]) AND task <> %(except_task)s
+ORDER BY task
+"""
+
+# Read-only: how many jobs of one queue are not completed yet.
+COUNT_UNCOMPLETED = """
+SELECT count(*) FROM worker.jobs WHERE queue = %(queue)s AND status <> 'completed'
+"""
+
+# Safe: only the bench's own queue, whose jobs no one else enqueues; stages and events go with
+# their jobs (ON DELETE CASCADE).
+DELETE_QUEUE = "DELETE FROM worker.jobs WHERE queue = %(queue)s"

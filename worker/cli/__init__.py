@@ -1,0 +1,70 @@
+"""The `worker` program: the daemon, migrations, and the operator's verbs.
+
+Errors are one red line and exit code 1 (bad settings and usage: 2), never a traceback.
+Each command group lives in a module of its own (`run`, `jobs`, `status`, `maintenance`,
+`serve`); this module registers them, in the order `worker --help` lists them, and runs the
+program. What this does not do: no command's work is done here.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+from rich.markup import escape
+
+from worker.cli import jobs as job_commands
+from worker.cli import maintenance, serve, status
+from worker.cli import run as run_command
+from worker.cli.errors import CliError, fail, friendly
+from worker.cli.output import err, out
+
+__all__ = ["CliError", "app", "err", "fail", "main", "out"]
+
+app = typer.Typer(
+    help="durable-worker: background jobs on PostgreSQL.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+db_app = typer.Typer(help="The embedded PostgreSQL (used when DATABASE_URL is unset).")
+app.add_typer(db_app, name="db")
+
+for command in (
+    run_command.run,
+    maintenance.migrate,
+    job_commands.enqueue,
+    job_commands.cancel,
+    job_commands.resume,
+    job_commands.retry,
+    job_commands.show,
+    job_commands.jobs,
+    status.stats,
+    status.workers,
+    maintenance.prune,
+    serve.demo,
+    serve.bench,
+    serve.api,
+):
+    app.command()(friendly(command))
+db_app.command("start")(friendly(maintenance.db_start))
+db_app.command("stop")(friendly(maintenance.db_stop))
+
+
+def main() -> None:
+    """The `worker` program. Usage errors are one red line too, with exit code 2."""
+    try:
+        code = app(standalone_mode=False)
+    except typer.TyperException as exc:  # Typer's usage errors (BadParameter, ...) derive it
+        if type(exc).__name__ == "NoArgsIsHelpError":
+            err.print(exc.format_message(), highlight=False, markup=False)  # `worker` alone
+            sys.exit(2)
+        ctx = getattr(exc, "ctx", None)
+        hint = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
+        message = escape(exc.format_message().replace("\n", " "))
+        err.print(f"[red]error:[/red] {message}{hint}", highlight=False, soft_wrap=True)
+        sys.exit(exc.exit_code)
+    except typer.Abort:
+        err.print("[red]error:[/red] aborted", highlight=False)
+        sys.exit(1)
+    sys.exit(code if isinstance(code, int) else 0)

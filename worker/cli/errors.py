@@ -1,0 +1,73 @@
+"""How the CLI fails: one red line and an exit code (1, or 2 for bad settings and usage).
+
+Every command is wrapped in `friendly`, which turns each failure an operator can act on (an
+unreachable database, a missing schema, a refused value, an unknown job) into that line. What
+this does not do: an unexpected error keeps its traceback, since it is a defect to report.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import typer
+from rich.markup import escape
+
+from worker.cli.output import err
+from worker.logs import first_line
+from worker.settings import SettingsError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class CliError(Exception):
+    """An error the user can act on: printed as one line, exit code 1."""
+
+
+def fail(message: str, code: int = 1) -> typer.Exit:
+    """Print `message` as the one red line; raise what this returns to exit with `code`."""
+    err.print(f"[red]error:[/red] {escape(message)}", highlight=False, soft_wrap=True)
+    return typer.Exit(code)
+
+
+def friendly(fn: F) -> F:
+    """Turn every expected failure into one red line instead of a traceback."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        import psycopg
+        import sqlalchemy.exc
+
+        from worker.client import InvalidJob, InvalidTransition, JobNotFound
+        from worker.db.embedded import EmbeddedServerError
+        from worker.logs import scrub
+
+        try:
+            return fn(*args, **kwargs)
+        except SettingsError as exc:
+            raise fail(str(exc), 2) from None
+        except (
+            CliError,
+            InvalidJob,
+            InvalidTransition,
+            JobNotFound,
+            EmbeddedServerError,
+            ValueError,
+        ) as exc:
+            raise fail(scrub(str(exc))) from None
+        except OverflowError as exc:  # a date or duration past what can be represented
+            raise fail(f"out of range: {exc}") from None
+        except (psycopg.OperationalError, sqlalchemy.exc.OperationalError) as exc:
+            raise fail(f"cannot reach the database: {first_line(exc)}") from None
+        except (psycopg.DataError, sqlalchemy.exc.DataError) as exc:
+            raise fail(f"the database refused a value: {first_line(exc)}") from None
+        except (psycopg.ProgrammingError, sqlalchemy.exc.ProgrammingError) as exc:
+            cause = getattr(exc, "orig", None) or exc
+            if isinstance(cause, psycopg.errors.InsufficientPrivilege):
+                raise fail(f"the database role may not do this: {first_line(exc)}") from None
+            if isinstance(cause, psycopg.errors.UndefinedTable | psycopg.errors.InvalidSchemaName):
+                raise fail("the worker schema is missing: run `worker migrate` first") from None
+            raise
+
+    return wrapper  # type: ignore[return-value]

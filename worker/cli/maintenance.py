@@ -1,0 +1,86 @@
+"""`worker migrate`, `worker prune` and `worker db start|stop`: keeping the database.
+
+What this does not do: the migrations themselves are `worker.db.migrate`'s, and the embedded
+server's life is `worker.db.embedded`'s; this only asks them.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Annotated
+
+import typer
+
+from worker.cli.jobs import BATCH
+from worker.cli.options import parse_age
+from worker.cli.output import out, progress
+from worker.cli.session import ask, settings, url
+from worker.db import admin
+
+
+def migrate(
+    sql: Annotated[
+        bool, typer.Option("--sql", help="Print the SQL instead of running it.")
+    ] = False,
+) -> None:
+    """Create or upgrade the `worker` schema (Alembic `upgrade head`).
+
+    Example: worker migrate --sql > schema.sql
+    """
+    from worker.db import migrate as migrations
+
+    if sql:
+        out.print(migrations.upgrade_sql(), highlight=False, markup=False)
+        return
+    migrations.upgrade(url())
+    out.print("[green]schema is up to date[/green]")
+
+
+def prune(
+    older_than: Annotated[str, typer.Option(help="Age: 30s, 15m, 12h, 7d, 2w.")] = "7d",
+) -> None:
+    """Delete finished jobs older than a given age (with their stages and events).
+
+    Deletes in batches of 1000 with a progress bar, so workers are never held up for long.
+
+    Example: worker prune --older-than 7d
+    """
+    seconds = parse_age(older_than, "--older-than")
+    before = datetime.now(UTC) - timedelta(seconds=seconds)
+    removed = ask(lambda conn: _prune(conn, before))
+    out.print(f"removed {removed} finished jobs")
+
+
+async def _prune(conn: admin.Conn, before: datetime) -> int:
+    """Delete batch by batch behind a progress bar; how many were deleted."""
+    removed = 0
+    total = await admin.count_prunable(conn, before)
+    if total:
+        with progress() as bar:
+            step = bar.add_task("pruning finished jobs", total=total)
+            while True:
+                n = await admin.prune_batch(conn, before, BATCH)
+                removed += n
+                bar.advance(step, n)
+                if n < BATCH:
+                    break
+    return removed
+
+
+def db_start() -> None:
+    """Start the embedded PostgreSQL (it is started on demand anyway) and print its URL.
+
+    Example: export DATABASE_URL=$(worker db start)
+    """
+    out.print(url(), highlight=False)
+
+
+def db_stop() -> None:
+    """Stop the embedded PostgreSQL.
+
+    Example: worker db stop
+    """
+    from worker.db.url import embedded_server
+
+    embedded_server(settings()).stop()
+    out.print("embedded PostgreSQL stopped")

@@ -1,0 +1,71 @@
+"""What the CLI reads from its command line: ages, job ids, JSON, and the shared options.
+
+Each parser names the option it read when it refuses a value, so the red line says what to
+fix. What this does not do: it opens no connection; a value the database refuses is
+reported by `worker.cli.errors`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from enum import StrEnum
+from typing import Annotated, Any
+
+import typer
+
+from worker.cli.errors import CliError
+from worker.ids import job_id_text
+
+_AGE_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
+
+
+class Retryable(StrEnum):
+    """The statuses `worker retry --all --status` accepts."""
+
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+def parse_age(text: str, option: str) -> float:
+    """An age such as `30s`, `15m`, `12h`, `7d`, `2w` (or plain seconds) in seconds.
+
+    >>> parse_age("15m", "--older-than")
+    900.0
+    """
+    value = text.strip().lower()
+    unit = value[-1:] if value[-1:] in _AGE_UNITS else "s"
+    number = value[:-1] if value[-1:] in _AGE_UNITS else value
+    try:
+        seconds = float(number) * _AGE_UNITS[unit]
+    except ValueError:
+        seconds = math.nan
+    if not 0 <= seconds < math.inf:
+        raise typer.BadParameter(
+            f"{text!r} is not an age like 30s, 15m, 12h, 7d or 2w", param_hint=option
+        )
+    return seconds
+
+
+def parse_job_id(value: str | None) -> str | None:
+    """A job id argument in its canonical form (None stays None); anything else is refused."""
+    if value is None:
+        return None
+    canonical = job_id_text(value)
+    if canonical is None:
+        raise typer.BadParameter(
+            f"{value!r} is not a job id (a UUID such as 0b0e3c5e-2f4a-4c1e-9d3b-6a1f2e3d4c5b)"
+        )
+    return canonical
+
+
+def parse_json(text: str, what: str) -> Any:
+    """`text` as JSON, or a one-line error naming `what` and where the JSON breaks."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise CliError(f"{what} is not valid JSON: {exc.msg} at position {exc.pos}") from None
+
+
+JobId = Annotated[str, typer.Argument(help="The job's id (a UUID).", callback=parse_job_id)]
+AsJson = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]

@@ -1,0 +1,115 @@
+"""`worker run`: the daemon in the foreground until SIGTERM or Ctrl-C.
+
+It imports the task modules, waits for the database (or gives up after --connect-timeout),
+checks or applies the schema, serves /metrics when WORKER_METRICS_PORT is set, and runs the
+worker. What this does not do: the claiming, retrying and rescuing are `worker.daemon`'s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import logging
+import os
+import signal
+import sys
+import threading
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+from pydantic import ValidationError
+
+from worker.cli.errors import CliError, fail
+from worker.cli.session import ensure_schema, settings, url
+from worker.settings import Settings
+
+if TYPE_CHECKING:
+    from worker.metrics import MetricsServer
+
+
+def run(
+    modules: Annotated[list[str], typer.Argument(help="Modules defining your tasks.")],
+    queues: Annotated[str | None, typer.Option(help="Comma-separated queues.")] = None,
+    concurrency: Annotated[int | None, typer.Option(min=1, help="Jobs at once.")] = None,
+    migrate: Annotated[bool, typer.Option(help="Apply migrations before starting.")] = False,
+    connect_timeout: Annotated[
+        float | None,
+        typer.Option(
+            "--connect-timeout",
+            min=0,
+            help="Give up (exit 1) if the database does not answer within this many seconds "
+            "at start. Default: keep retrying until it answers.",
+        ),
+    ] = None,
+) -> None:
+    """Run the worker daemon until SIGTERM or Ctrl-C.
+
+    Example: worker run myapp.tasks --queues default,emails --concurrency 20
+    """
+    from worker.daemon import DutyFailed, Worker
+    from worker.daemon.db import DatabaseUnreachable, wait_for_database
+    from worker.logs import configure
+
+    s = settings()
+    given = {"queues": queues, "concurrency": concurrency}
+    for option, value in given.items():
+        if value is not None:  # the settings' own checks: 1 to 1000 slots, a queue at least
+            try:
+                s = s.model_validate({**s.model_dump(), option: value})
+            except ValidationError as exc:
+                message = str(exc.errors()[0].get("msg", "is invalid"))
+                raise fail(f"--{option}: {message.removeprefix('Value error, ')}", 2) from None
+    configure(s.log_level, s.log_format)
+    sys.path.insert(0, os.getcwd())
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except ImportError as exc:
+            raise CliError(f"cannot import task module {name!r}: {exc}") from None
+    database = url()
+    try:
+        wait_for_database(database, connect_timeout)
+    except DatabaseUnreachable as exc:
+        raise CliError(str(exc)) from None
+    ensure_schema(database, migrate=migrate)
+    worker = Worker(database, s)
+    server = serve_metrics(worker, database, s) if s.metrics_port is not None else None
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, worker.request_stop)
+        await worker.run()
+
+    try:
+        asyncio.run(main())
+    except DutyFailed as exc:  # logged with its traceback already
+        raise CliError(str(exc)) from None
+    finally:
+        if server is not None:
+            server.stop()
+    if any(t.name.startswith("worker-task") and t.is_alive() for t in threading.enumerate()):
+        # A sync task ignoring its timeout still runs; its job was handed back already.
+        sys.stderr.flush()
+        os._exit(0)
+
+
+def serve_metrics(worker: Any, database: str, s: Settings) -> MetricsServer:
+    """Count the worker's jobs and serve /metrics on WORKER_METRICS_PORT."""
+    from worker import metrics
+    from worker.logs import fields
+
+    assert s.metrics_port is not None
+    metrics.instrument(worker)
+    try:
+        server = metrics.serve(s.metrics_port, database, s.lease_seconds)
+    except OSError as exc:
+        raise CliError(
+            f"cannot serve metrics on WORKER_METRICS_PORT={s.metrics_port}: {exc.strerror}"
+        ) from None
+    logging.getLogger("worker.daemon").info(
+        "metrics at http://0.0.0.0:%d/metrics",
+        server.port,
+        extra=fields("metrics.serving", port=server.port),
+    )
+    return server
