@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import typer
-from conftest import ROOT, Processes, query, wait_for
+from support import ROOT, Processes, query, wait_for
 from typer.main import get_command
 from typer.testing import CliRunner
 

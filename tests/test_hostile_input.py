@@ -20,7 +20,7 @@ import time
 import psycopg
 import pytest
 from chaos.harness import wait_until, worker_env
-from conftest import Processes, query
+from support import Processes, query
 
 from worker import Client, InvalidJob
 from worker.settings import get_settings, load_settings_or_exit

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from conftest import Processes, query, wait_for
+from support import Processes, query, wait_for
 
 from worker import Client
 from worker.logs import configure, fields

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 from chaos.harness import OwnServer, reachable_again_seconds, wait_until, worker_env
-from conftest import Processes, query
+from support import Processes, query
 
 from worker.daemon.db import POOL_CAP, POOL_WAIT, Patience, make_pool, pool_size
 from worker.events import PostgresBus

@@ -11,8 +11,8 @@ import time
 from typing import Any
 
 import pytest
-from conftest import Processes, query, wait_for
 from sqlalchemy import event
+from support import Processes, query, wait_for
 
 from worker import AsyncClient, Client
 

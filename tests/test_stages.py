@@ -15,16 +15,11 @@ import time
 from typing import Any
 
 import pytest
-from conftest import Processes, query, wait_for
+from support import Processes, effects, query, status_of, wait_for
+from support import wait_for_status as wait_status
 
 from worker import Client, InvalidTransition, Job, JobNotFound, JobStatus, Pipeline
 from worker.events import PostgresBus
-
-
-def effects(url: str, job_id: str) -> list[str]:
-    """What the job's stages did, in order."""
-    rows = query(url, "SELECT kind FROM effects WHERE job = %s ORDER BY at", (job_id,))
-    return [str(r[0]) for r in rows]
 
 
 def count(url: str, job_id: str, kind: str) -> int:
@@ -40,10 +35,6 @@ def job_row(url: str, job_id: str) -> dict[str, Any]:
     )
     keys = ("status", "result", "error", "retry_count", "question", "cancel_requested", "finished")
     return dict(zip(keys, row, strict=True))
-
-
-def status_of(url: str, job_id: str) -> str:
-    return str(job_row(url, job_id)["status"])
 
 
 def stages(url: str, job_id: str) -> dict[str, dict[str, Any]]:
@@ -81,14 +72,6 @@ def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
         capture_output=True,
         text=True,
         timeout=60,
-    )
-
-
-def wait_status(url: str, job_id: str, status: str, timeout: float = 30.0) -> None:
-    wait_for(
-        lambda: status_of(url, job_id) == status,
-        timeout=timeout,
-        message=f"job {job_id} to be {status} (it is {status_of(url, job_id)})",
     )
 
 

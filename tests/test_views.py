@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import psycopg
-from conftest import query
+from support import query
 
 FINISHED_ROWS = 1_200_000
 
