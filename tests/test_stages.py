@@ -15,7 +15,7 @@ import time
 from typing import Any
 
 import pytest
-from support import Processes, effects, query, status_of, wait_for
+from support import Processes, effects, insert_stage, query, status_of, wait_for
 from support import wait_for_status as wait_status
 
 from worker import Client, InvalidTransition, Job, JobNotFound, JobStatus, Pipeline
@@ -55,12 +55,7 @@ def counted_with_completed_stages(url: str, **outputs: str) -> Job:
     outputs), as a deploy that changed the pipeline may leave them; due now."""
     job = Client(url).enqueue("counted", {}, delay=3600)
     for stage, output in outputs.items():
-        query(
-            url,
-            "INSERT INTO worker.job_stages (job_id, stage, kind, status, output, attempt) "
-            "VALUES (%s, %s, 'stage', 'completed', %s, 1)",
-            (job.job_id, stage, output),
-        )
+        insert_stage(url, job.job_id, stage, kind="stage", output=output)
     query(url, "UPDATE worker.jobs SET run_at = now() WHERE id = %s", (job.job_id,))
     return job
 

@@ -9,6 +9,7 @@ PYTHONPATH from the `env` fixture.
 
 from support.db import counts, effects, query, status_of, wait_for_status
 from support.factories import (
+    ago,
     dead_worker_with_orphans,
     insert_job,
     insert_stage,
@@ -23,6 +24,7 @@ __all__ = [
     "ROOT",
     "Db",
     "Processes",
+    "ago",
     "counts",
     "dead_worker_with_orphans",
     "effects",

@@ -38,9 +38,16 @@ def _insert(url: str, table: str, columns: Mapping[str, object], returning: str)
     return str(query(url, statement, params or None)[0][0])
 
 
-def insert_job(url: str, **columns: object) -> str:
-    """One job row with these columns (task `add` unless given); its id."""
-    return _insert(url, "worker.jobs", {"task": "add", **columns}, "id")
+def ago(interval: str | None) -> str | None:
+    """That long before the server's now (an interval such as '10 days'); None stays NULL."""
+    return None if interval is None else f"{SQL}now() - interval '{interval}'"
+
+
+def insert_job(url: str, task: str = "add", payload: str | None = None, **columns: object) -> str:
+    """One job row of `task` with this JSON `payload` (the table's `{}` if None) and these
+    columns; its id."""
+    row = {"task": task, **({} if payload is None else {"payload": payload}), **columns}
+    return _insert(url, "worker.jobs", row, "id")
 
 
 def insert_stage(
@@ -71,7 +78,7 @@ def insert_worker(
         "pid": pid,
         "queues": ["default"],
         "concurrency": concurrency,
-        "heartbeat_at": f"sql:now() - interval '{heartbeat_age}'",
+        "heartbeat_at": ago(heartbeat_age),
     }
     return _insert(url, "worker.workers", row, "id")
 
