@@ -1,6 +1,7 @@
-"""Rows a test needs in place before it starts a worker, written the way the product would
-leave them: a job in a given status, a pipeline's stage rows, a worker that stopped beating
-with jobs still claimed.
+"""Row factories: the rows a test needs in place before it starts a worker.
+
+Each writes a row the way the product would leave it: a job in a given status, a pipeline's
+stage rows, a worker that stopped beating with jobs still claimed.
 
 Values are query parameters. A text that starts with `sql:` is an SQL expression written into
 the statement as it is, for times on the server's clock: `finished_at="sql:now() - interval
