@@ -4,28 +4,28 @@ Each pytest-xdist process starts one throwaway server (from the local server bin
 embedded `pgserver` ones) unless `TEST_DATABASE_URL` names an existing server. Every test gets
 a fresh database cloned from a migrated template, so tests run in parallel without sharing
 rows. Worker processes started by a test are killed when it ends.
+
+The fixtures are here; the helpers behind them (queries, waiting, row factories, worker
+processes) are in `tests/support/`, which test modules import from (`from support import
+query, wait_for`). The servers start only for a test that asks for a database: the unit tier
+(`tests/unit/`) refuses to.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
-import subprocess
-import sys
 import tempfile
-import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
 import pytest
+from support import Db, Processes, worker_env
 
 from worker.db import migrate
 from worker.db.embedded import LocalPostgres
 
-ROOT = Path(__file__).resolve().parents[1]
 TEMPLATE = "worker_template"
 
 
@@ -77,6 +77,13 @@ def database_url(pg_server: str, template_db: str) -> Iterator[str]:
 
 
 @pytest.fixture
+def db(database_url: str) -> Db:
+    """This test's database with the helpers bound to it: `db.query`, `db.status_of`,
+    `db.insert_job`, `db.wait_for_status`."""
+    return Db(database_url)
+
+
+@pytest.fixture
 def empty_database_url(pg_server: str) -> Iterator[str]:
     """A fresh database with no schema at all."""
     name = f"e_{uuid.uuid4().hex[:12]}"
@@ -90,63 +97,7 @@ def empty_database_url(pg_server: str) -> Iterator[str]:
 @pytest.fixture
 def env(database_url: str, tmp_path: Path) -> dict[str, str]:
     """Environment for `worker` subprocesses: this test's database, quick timings."""
-    base = {k: v for k, v in os.environ.items() if not k.startswith("WORKER_")}
-    return {
-        **base,
-        "DATABASE_URL": database_url,
-        "WORKER_POLL_MIN": "0.02",
-        "WORKER_POLL_MAX": "0.5",
-        "WORKER_RETRY_BACKOFF_BASE": "0.05",
-        "WORKER_RETRY_BACKOFF_MAX": "0.5",
-        "WORKER_LEASE_SECONDS": "3",
-        "WORKER_SHUTDOWN_GRACE": "5",
-        "WORKER_DATA_DIR": str(tmp_path / "data"),
-        "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), str(ROOT)]),
-        "PYTHONUNBUFFERED": "1",
-    }
-
-
-class Processes:
-    """Worker processes started by a test; all are killed when the test ends."""
-
-    def __init__(self, tmp_path: Path) -> None:
-        self.tmp_path = tmp_path
-        self.procs: list[subprocess.Popen[bytes]] = []
-
-    def worker(
-        self,
-        env: dict[str, str],
-        *modules: str,
-        extra: dict[str, str] | None = None,
-        args: tuple[str, ...] = (),
-    ) -> subprocess.Popen[bytes]:
-        log = open(self.tmp_path / f"worker-{len(self.procs)}.log", "wb")  # noqa: SIM115
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "worker", "run", *modules, *args],
-            env={**env, **(extra or {})},
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            cwd=self.tmp_path,
-            start_new_session=True,
-        )
-        proc.log_path = log.name  # type: ignore[attr-defined]
-        self.procs.append(proc)
-        return proc
-
-    def log(self, proc: subprocess.Popen[bytes]) -> str:
-        return Path(proc.log_path).read_text()  # type: ignore[attr-defined]
-
-    def stop_all(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                with_suppress_kill(proc)
-        for proc in self.procs:
-            proc.wait(timeout=10)
-
-
-def with_suppress_kill(proc: subprocess.Popen[bytes]) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
+    return worker_env(database_url, WORKER_DATA_DIR=str(tmp_path / "data"))
 
 
 @pytest.fixture
@@ -154,26 +105,3 @@ def processes(tmp_path: Path) -> Iterator[Processes]:
     procs = Processes(tmp_path)
     yield procs
     procs.stop_all()
-
-
-def wait_for(
-    predicate: Callable[[], object],
-    timeout: float = 30.0,
-    interval: float = 0.05,
-    message: str = "condition",
-) -> object:
-    """Poll until `predicate()` is truthy; fail the test with `message` after `timeout`."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {message}")
-        time.sleep(interval)
-
-
-def query(url: str, statement: str, params: object = None) -> list[tuple[object, ...]]:
-    with psycopg.connect(url, autocommit=True) as conn:
-        cur = conn.execute(statement, params)  # type: ignore[arg-type]
-        return cur.fetchall() if cur.description else []

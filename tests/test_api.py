@@ -21,19 +21,13 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import Processes, query, wait_for
 from psycopg import sql as pgsql
+from support import Processes, free_port, query, status_of, wait_for
 
 from worker import Client
 from worker.api import create_app
 
 TOKEN = "test-token-3f9a"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -128,10 +122,6 @@ def sse_messages(response: httpx.Response) -> Iterator[Sse]:
 def stored_event_ids(url: str, job_id: str) -> list[int]:
     rows = query(url, "SELECT id FROM worker.job_events WHERE job_id = %s ORDER BY id", (job_id,))
     return [int(r[0]) for r in rows]  # type: ignore[call-overload]
-
-
-def status_of(url: str, job_id: str) -> str:
-    return str(query(url, "SELECT status FROM worker.jobs WHERE id = %s", (job_id,))[0][0])
 
 
 WATCHED_SEQUENCE = (

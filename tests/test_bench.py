@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from conftest import query
+from support import query
 
 
 def test_bench_reports_every_measurement_and_deletes_its_jobs(env, database_url):

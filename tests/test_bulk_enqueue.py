@@ -7,8 +7,8 @@ from typing import Any
 
 import psycopg
 import pytest
-from conftest import query
 from sqlalchemy import event
+from support import query
 
 from worker import AsyncClient, Client, InvalidJob, JobSpec
 

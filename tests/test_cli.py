@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import typer
-from conftest import ROOT, Processes, query, wait_for
+from support import ROOT, Processes, insert_job, insert_worker, query, wait_for
 from typer.main import get_command
 from typer.testing import CliRunner
 
@@ -51,17 +51,6 @@ def as_json(result: Any) -> Any:
 
 def ids(rows: list[dict[str, Any]]) -> list[str]:
     return [row["id"] for row in rows]
-
-
-def insert_job(url: str, **columns: Any) -> str:
-    """One job row exactly as given (timestamps as SQL expressions, e.g. now() - '2h')."""
-    columns.setdefault("task", "add")
-    names = ", ".join(columns)
-    values = ", ".join(
-        str(v)[4:] if str(v).startswith("sql:") else f"'{v}'" for v in columns.values()
-    )
-    (row,) = query(url, f"INSERT INTO worker.jobs ({names}) VALUES ({values}) RETURNING id::text")
-    return str(row[0])
 
 
 # -- jobs --------------------------------------------------------------------------------------
@@ -340,11 +329,8 @@ def test_workers_lists_live_workers_with_their_jobs_and_flags_late_ones(
     job = Client(database_url).enqueue("effect", {"key": "slow", "sleep": 30})
     wait_for(lambda: job.refresh().status == "processing", timeout=30, message="processing")
     late = str(uuid.uuid4())
-    query(
-        database_url,
-        "INSERT INTO worker.workers (id, hostname, pid, queues, concurrency, "
-        "heartbeat_at) VALUES (%s, 'gone-host', 4242, '{default}', 5, now() - interval '1 hour')",
-        (late,),
+    insert_worker(
+        database_url, "1 hour", hostname="gone-host", pid=4242, concurrency=5, worker_id=late
     )
 
     listed = {w["id"]: w for w in as_json(worker_cli("workers", "--json"))}

@@ -15,7 +15,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
-from conftest import query, wait_for
+from support import effects, query, status_of, wait_for
 
 import worker.client.waiting as client_module
 from worker import (
@@ -33,18 +33,8 @@ from worker import (
 )
 
 
-def status_of(url: str, job_id: str) -> str:
-    return str(query(url, "SELECT status FROM worker.jobs WHERE id = %s", (job_id,))[0][0])
-
-
 def worker_ready(url: str) -> None:
     wait_for(lambda: query(url, "SELECT count(*) FROM worker.workers")[0][0], message="worker up")
-
-
-def effects(url: str, job: str) -> list[str]:
-    if not query(url, "SELECT to_regclass('effects')")[0][0]:
-        return []
-    return [r[0] for r in query(url, "SELECT kind FROM effects WHERE job = %s ORDER BY at", (job,))]
 
 
 class Waiter(threading.Thread):

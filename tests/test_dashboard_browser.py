@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import Processes, query, wait_for
+from support import Processes, query, wait_for
 from test_api import start_api, status_of
 
 from worker import Client

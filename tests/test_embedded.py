@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, Processes
+from support import ROOT, Processes
 
 from worker.db.embedded import LocalPostgres
 

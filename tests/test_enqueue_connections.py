@@ -9,7 +9,7 @@ import time
 import uuid
 
 import psycopg
-from conftest import query
+from support import query
 
 from worker import AsyncClient, Client, JobSpec
 from worker.db import sql

@@ -11,7 +11,7 @@ import time
 import uuid
 
 import httpx
-from conftest import ROOT, Processes, query, wait_for
+from support import ROOT, Processes, query, wait_for
 
 from worker import Client, ProgressEvent
 from worker.api import create_app

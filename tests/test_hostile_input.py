@@ -11,6 +11,7 @@ error; a task name is 1 to 255 characters (a CHECK constraint).
 
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
 import sys
@@ -20,7 +21,7 @@ import time
 import psycopg
 import pytest
 from chaos.harness import wait_until, worker_env
-from conftest import Processes, query
+from support import Processes, insert_job, query
 
 from worker import Client, InvalidJob
 from worker.settings import get_settings, load_settings_or_exit
@@ -59,15 +60,8 @@ def status_of(url: str, job_id: str) -> tuple[str, object, str | None]:
     return str(row[0]), row[1], row[2]
 
 
-def insert(url: str, task: str, payload: str = "{}") -> str:
-    return str(
-        query(
-            url,
-            "INSERT INTO worker.jobs (task, payload, max_retries) VALUES (%s, %s::jsonb, 0) "
-            "RETURNING id::text",
-            (task, payload),
-        )[0][0]
-    )
+# A bad input is the whole story of these jobs: they are never retried.
+insert = functools.partial(insert_job, max_retries=0)
 
 
 def finished(url: str, job_id: str) -> bool:

@@ -8,12 +8,11 @@ import logging
 import os
 import signal
 import time
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from conftest import Processes, query, wait_for
+from support import Processes, dead_worker_with_orphans, query, wait_for
 
 from worker import Client
 from worker.logs import configure, fields
@@ -90,20 +89,9 @@ def test_worker_logs_each_job_transition_and_its_lifecycle_as_json(
 
 def test_rescue_and_reconnect_are_logged_as_events(env, database_url, processes):
     # A worker that died holding a job: its heartbeat is old and its job still processing.
-    dead = str(uuid.uuid4())
-    query(
-        database_url,
-        "INSERT INTO worker.workers (id, hostname, pid, queues, concurrency, "
-        "heartbeat_at) VALUES (%s, 'gone', 1, '{default}', 1, now() - interval '1 hour')",
-        (dead,),
+    _, (orphan,) = dead_worker_with_orphans(
+        database_url, {"payload": '{"a": 1, "b": 1}'}, hostname="gone", concurrency=1
     )
-    (orphan,) = query(
-        database_url,
-        "INSERT INTO worker.jobs (task, payload, status, worker_id, "
-        "started_at) VALUES ('add', '{\"a\": 1, \"b\": 1}', 'processing', %s, now()) "
-        "RETURNING id::text",
-        (dead,),
-    )[0]
     proc = processes.worker(env, "testtasks", extra=JSON_ENV)
 
     def logged(event: str) -> list[dict[str, Any]]:

@@ -8,18 +8,12 @@ import urllib.request
 from typing import Any
 
 import httpx
-from conftest import Processes, query, wait_for
 from prometheus_client.parser import text_string_to_metric_families
+from support import Processes, free_port, query, wait_for
 
 from worker import Client, metrics
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def parse(text: str) -> Samples:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-from conftest import query
 from sqlalchemy import create_engine
+from support import query
 
 from worker.db import migrate
 from worker.db.url import sqlalchemy_url

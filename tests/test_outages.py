@@ -18,7 +18,7 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 from chaos.harness import OwnServer, reachable_again_seconds, wait_until, worker_env
-from conftest import Processes, query
+from support import Processes, insert_job, query
 
 from worker.daemon.db import POOL_CAP, POOL_WAIT, Patience, make_pool, pool_size
 from worker.events import PostgresBus
@@ -38,18 +38,6 @@ def server() -> Iterator[OwnServer]:
     query(own.url, EFFECTS)
     yield own
     own.destroy()
-
-
-def insert(url: str, task: str, payload: str = "{}", **columns: object) -> str:
-    names = ", ".join(["task", "payload", *columns])
-    marks = ", ".join(["%s", "%s::jsonb"] + ["%s"] * len(columns))
-    return str(
-        query(
-            url,
-            f"INSERT INTO worker.jobs ({names}) VALUES ({marks}) RETURNING id::text",
-            (task, payload, *columns.values()),
-        )[0][0]
-    )
 
 
 def job(url: str, job_id: str) -> dict[str, object]:
@@ -90,7 +78,7 @@ def test_result_of_a_job_finished_during_a_restart_is_written_once_the_database_
     env = worker_env(url, WORKER_LOG_LEVEL="INFO", WORKER_POLL_MAX="20")
     proc = processes.worker(env, TASKS)
     wait_until(lambda: registered(url, proc), 60, "the worker to register")
-    slow = insert(url, "hold_still", '{"sleep": 3}')
+    slow = insert_job(url, "hold_still", '{"sleep": 3}')
     wait_until(lambda: status(url, slow) == "processing", 30, "the job to start")
 
     server.stop()  # the job is mid-run and finishes while the database is down
@@ -101,7 +89,7 @@ def test_result_of_a_job_finished_during_a_restart_is_written_once_the_database_
     wait_until(lambda: status(url, slow) == "completed", 60, "the job's result to be written")
     wait_until(lambda: "listener reconnected" in processes.log(proc), 30, "the listener")
     time.sleep(1)  # let the claim loop settle into its long idle poll
-    quick = insert(url, "echo", '{"a": 1}')
+    quick = insert_job(url, "echo", '{"a": 1}')
     woke = wait_until(lambda: status(url, quick) == "completed", 30, "the next job")
 
     log = processes.log(proc)
@@ -120,7 +108,7 @@ def test_result_of_a_job_finished_while_stopping_during_a_restart_is_written(
     url = server.url
     proc = processes.worker(worker_env(url, WORKER_SHUTDOWN_GRACE="30"), TASKS)
     wait_until(lambda: registered(url, proc), 60, "the worker to register")
-    slow = insert(url, "hold_still", '{"sleep": 3}')
+    slow = insert_job(url, "hold_still", '{"sleep": 3}')
     wait_until(lambda: status(url, slow) == "processing", 30, "the job to start")
 
     proc.send_signal(signal.SIGTERM)  # the job gets its grace period to finish
@@ -255,7 +243,7 @@ def test_worker_started_while_the_database_is_down_waits_then_runs(server, proce
     time.sleep(2)
     assert proc.poll() is None, processes.log(proc)
     server.start()
-    job_id = insert(url, "echo", '{"a": 1}')
+    job_id = insert_job(url, "echo", '{"a": 1}')
     wait_until(lambda: status(url, job_id) == "completed", 60, "the job to run")
     log = processes.log(proc)
     assert log.count("database unreachable") == 1, log
@@ -270,10 +258,12 @@ def test_jobs_of_a_claim_whose_answer_was_lost_are_handed_back(server, processes
     proc = processes.worker(worker_env(url, WORKER_LOG_LEVEL="INFO"), TASKS)
     wait_until(lambda: registered(url, proc), 60, "the worker to register")
     (worker_id,) = query(url, "SELECT id FROM worker.workers WHERE pid = %s", (proc.pid,))[0]
-    running = insert(url, "chaos_sync", '{"sleep": 4}')
+    running = insert_job(url, "chaos_sync", '{"sleep": 4}')
     wait_until(lambda: status(url, running) == "processing", 30, "the real job to start")
     # What a lost claim leaves behind: rows claimed for this worker that it never received.
-    lost = [insert(url, "echo", "{}", status="processing", worker_id=worker_id) for _ in range(3)]
+    lost = [
+        insert_job(url, "echo", "{}", status="processing", worker_id=worker_id) for _ in range(3)
+    ]
 
     server.stop()
     time.sleep(2)
@@ -292,7 +282,7 @@ def test_terminated_sessions_do_not_stop_the_worker(database_url, processes):
     url = database_url
     proc = processes.worker(worker_env(url, PGAPPNAME="outage-victim"), TASKS)
     wait_until(lambda: registered(url, proc), 60, "the worker to register")
-    running = insert(url, "hold_still", '{"sleep": 3}')
+    running = insert_job(url, "hold_still", '{"sleep": 3}')
     wait_until(lambda: status(url, running) == "processing", 30, "the job to start")
     wait_until(
         lambda: query(
@@ -309,7 +299,7 @@ def test_terminated_sessions_do_not_stop_the_worker(database_url, processes):
         "WHERE application_name = 'outage-victim'",
     )[0][0]
     assert killed >= 2  # the pool and the listener at least
-    after = insert(url, "echo", '{"b": 2}')
+    after = insert_job(url, "echo", '{"b": 2}')
     wait_until(lambda: status(url, running) == "completed", 30, "the running job")
     wait_until(lambda: status(url, after) == "completed", 30, "a job enqueued after")
     assert job(url, running)["retry_count"] == 0
@@ -326,7 +316,7 @@ def test_job_rescued_while_its_worker_still_runs_it_is_not_run_twice_at_once(
     query(url, EFFECTS)
     proc = processes.worker(worker_env(url), TASKS)
     wait_until(lambda: registered(url, proc), 60, "the worker to register")
-    job_id = insert(url, "timed_attempt", '{"sleep": 3}')
+    job_id = insert_job(url, "timed_attempt", '{"sleep": 3}')
     attempts = "SELECT kind, attempt FROM chaos_effects WHERE job = %s ORDER BY at"
     wait_until(lambda: query(url, attempts, (job_id,)) == [("start", 1)], 30, "attempt 1")
     # What `sql.RESCUE` does to the jobs of a worker silent for a lease; the worker wakes at once.
@@ -350,7 +340,7 @@ def test_async_task_past_its_timeout_is_retried_then_failed_with_a_clear_error(
 ):
     url = database_url
     processes.worker(worker_env(url), TASKS)
-    job_id = insert(url, "slow_async", '{"sleep": 30}', max_retries=1)
+    job_id = insert_job(url, "slow_async", '{"sleep": 30}', max_retries=1)
     wait_until(lambda: status(url, job_id) == "failed", 60, "the job to fail")
     done = job(url, job_id)
     assert done["retry_count"] == 1  # one retry, then failed
@@ -362,7 +352,7 @@ def test_threads_a_task_started_are_told_when_its_attempt_ends(database_url, pro
     url = database_url
     query(url, EFFECTS)
     processes.worker(worker_env(url), TASKS)
-    job_id = insert(url, "hands_off_to_a_thread", "{}", max_retries=0)
+    job_id = insert_job(url, "hands_off_to_a_thread", "{}", max_retries=0)
     wait_until(lambda: status(url, job_id) == "failed", 60, "the job to time out")
     told = "SELECT kind FROM chaos_effects WHERE job = %s"
     wait_until(lambda: query(url, told, (job_id,)) != [], 10, "the helper to stop")
@@ -372,7 +362,7 @@ def test_threads_a_task_started_are_told_when_its_attempt_ends(database_url, pro
 def test_a_tasks_own_timeout_error_is_not_reported_as_its_timeout(database_url, processes):
     url = database_url
     processes.worker(worker_env(url), TASKS)
-    job_id = insert(url, "upstream_timeout", "{}", max_retries=0)
+    job_id = insert_job(url, "upstream_timeout", "{}", max_retries=0)
     wait_until(lambda: status(url, job_id) == "failed", 60, "the job to fail")
     error = str(job(url, job_id)["error"])
     assert "TimeoutError: the upstream did not answer" in error
@@ -382,7 +372,7 @@ def test_a_tasks_own_timeout_error_is_not_reported_as_its_timeout(database_url, 
 def test_worker_task_timeout_setting_applies_to_tasks_without_their_own(database_url, processes):
     url = database_url
     processes.worker(worker_env(url, WORKER_TASK_TIMEOUT="1"), TASKS)
-    job_id = insert(url, "default_timeout_sync", '{"sleep": 3}', max_retries=0)
+    job_id = insert_job(url, "default_timeout_sync", '{"sleep": 3}', max_retries=0)
     wait_until(lambda: status(url, job_id) == "failed", 60, "the job to fail")
     assert "ran past its timeout" in str(job(url, job_id)["error"])
 
@@ -391,10 +381,10 @@ def test_stuck_sync_task_is_reported_and_keeps_its_slot_until_it_returns(databas
     url = database_url
     query(url, EFFECTS)
     proc = processes.worker(worker_env(url, WORKER_CONCURRENCY="1", WORKER_LOG_LEVEL="INFO"), TASKS)
-    stuck = insert(url, "stuck_sync", '{"sleep": 5}', max_retries=0)
+    stuck = insert_job(url, "stuck_sync", '{"sleep": 5}', max_retries=0)
     wait_until(lambda: status(url, stuck) == "failed", 60, "the stuck job to time out")
     failed_at = time.monotonic()
-    waiting = insert(url, "echo", "{}")
+    waiting = insert_job(url, "echo", "{}")
     wait_until(lambda: status(url, waiting) == "completed", 60, "the next job")
     waited = time.monotonic() - failed_at
 
@@ -444,12 +434,12 @@ def test_row_locked_by_another_client_does_not_hold_up_other_jobs_outcomes(datab
     url = database_url
     proc = processes.worker(worker_env(url), TASKS)
     wait_until(lambda: registered(url, proc), 60, "the worker to register")
-    held = insert(url, "hold_still", '{"sleep": 2}')
+    held = insert_job(url, "hold_still", '{"sleep": 2}')
     wait_until(lambda: status(url, held) == "processing", 30, "the job to start")
     with psycopg.connect(url) as operator:  # not autocommit: the transaction stays open
         operator.execute("SELECT 1 FROM worker.jobs WHERE id = %s FOR UPDATE", (held,))
         time.sleep(2.5)  # the job ends meanwhile, and its outcome meets the lock
-        others = [insert(url, "echo", '{"n": 1}') for _ in range(3)]
+        others = [insert_job(url, "echo", '{"n": 1}') for _ in range(3)]
         wait_until(lambda: all(status(url, o) == "completed" for o in others), 30, "the other jobs")
         assert status(url, held) == "processing"
         operator.rollback()
@@ -467,7 +457,7 @@ def test_rows_locked_by_another_client_do_not_hold_up_other_jobs_stages(database
     wait_until(lambda: registered(url, proc), 60, "the worker to register")
     held = []
     for _ in range(3):
-        held.append(insert(url, "chaos_pipeline", '{"sleep": 4}'))  # each stage sleeps 2 s
+        held.append(insert_job(url, "chaos_pipeline", '{"sleep": 4}'))  # each stage sleeps 2 s
         time.sleep(0.5)
     wait_until(lambda: all(status(url, j) == "processing" for j in held), 30, "the jobs")
     fetch_done = "SELECT count(*) FROM worker.job_stages WHERE stage = 'fetch' AND job_id = %s "
@@ -483,7 +473,7 @@ def test_rows_locked_by_another_client_do_not_hold_up_other_jobs_stages(database
             "the locked jobs' first stage to end",
         )
         time.sleep(0.5)
-        other = insert(url, "chaos_pipeline", '{"sleep": 0}')
+        other = insert_job(url, "chaos_pipeline", '{"sleep": 0}')
         wait_until(lambda: status(url, other) == "completed", 30, "a job whose row is free")
         assert all(query(url, fetch_done, (j,)) == [(0,)] for j in held)
         operator.rollback()
@@ -501,7 +491,7 @@ def test_events_reporting_an_end_are_published_only_once_it_is_written(database_
     query(url, EFFECTS)
     proc = processes.worker(worker_env(url), TASKS)
     wait_until(lambda: registered(url, proc), 60, "the worker to register")
-    job_id = insert(url, "chaos_pipeline", '{"sleep": 3}')  # each stage sleeps 1.5 s
+    job_id = insert_job(url, "chaos_pipeline", '{"sleep": 3}')  # each stage sleeps 1.5 s
     stage = "SELECT status FROM worker.job_stages WHERE job_id = %s AND stage = %s"
     wait_until(lambda: query(url, stage, (job_id, "store")) == [("running",)], 30, "store")
     events = "SELECT step, status FROM worker.job_events WHERE job_id = %s ORDER BY id"
@@ -529,7 +519,7 @@ def test_events_reporting_an_end_are_published_only_once_it_is_written(database_
 def test_no_transaction_or_row_lock_is_held_while_a_slow_task_runs(database_url, processes):
     url = database_url
     processes.worker(worker_env(url), TASKS)
-    job_id = insert(url, "hold_still", '{"sleep": 4}')
+    job_id = insert_job(url, "hold_still", '{"sleep": 4}')
     wait_until(lambda: status(url, job_id) == "processing", 30, "the job to start")
     time.sleep(1)
     sessions = query(

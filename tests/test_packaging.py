@@ -9,7 +9,7 @@ import sys
 import zipfile
 from pathlib import Path
 
-from conftest import query
+from support import query
 
 ROOT = Path(__file__).resolve().parents[1]
 

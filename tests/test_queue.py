@@ -10,16 +10,12 @@ from typing import Any
 
 import psycopg
 import pytest
-from conftest import Processes, query, wait_for
 from psycopg import ClientCursor
+from support import Processes, query, status_of, wait_for
 
 from worker import Client, InvalidJob, JobFailed, JobStatus
 from worker.daemon.db import claim_pool
 from worker.db import sql
-
-
-def status_of(url: str, job_id: str) -> str:
-    return str(query(url, "SELECT status FROM worker.jobs WHERE id = %s", (job_id,))[0][0])
 
 
 def test_job_goes_pending_processing_completed(env, database_url, processes: Processes):

@@ -11,8 +11,8 @@ import time
 from typing import Any
 
 import pytest
-from conftest import Processes, query, wait_for
 from sqlalchemy import event
+from support import Processes, ago, insert_job, insert_stage, query, wait_for
 
 from worker import AsyncClient, Client
 
@@ -22,25 +22,20 @@ OLD, RECENT = "10 days", "1 day"
 def add_job(url: str, status: str, finished: str | None, created: str = OLD) -> str:
     """A job in `status`, created and (if given) finished that long ago, with a stage and an
     event; on a queue no worker serves, so only retention can change it."""
-    (job_id,) = query(
+    job_id = insert_job(
         url,
-        "INSERT INTO worker.jobs (task, queue, status, created_at, finished_at) "
-        "VALUES ('add', 'nobody-serves-this', %s, now() - %s::interval, "
-        "        now() - %s::interval) RETURNING id::text",
-        (status, created, finished),
-    )[0]
-    query(
-        url,
-        "INSERT INTO worker.job_stages (job_id, stage, status, attempt) "
-        "VALUES (%s, 'only', 'completed', 1)",
-        (job_id,),
+        queue="nobody-serves-this",
+        status=status,
+        created_at=ago(created),
+        finished_at=ago(finished),
     )
+    insert_stage(url, job_id, "only")
     query(
         url,
         "INSERT INTO worker.job_events (job_id, step, status) VALUES (%s, 'only', 'completed')",
         (job_id,),
     )
-    return str(job_id)
+    return job_id
 
 
 def landscape(url: str) -> dict[str, str]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from conftest import Processes, query, wait_for
+from support import Processes, query, wait_for
 
 from worker import Client, JobFailed
 from worker.daemon import next_poll_delay

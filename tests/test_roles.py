@@ -19,8 +19,8 @@ from datetime import UTC, datetime, timedelta
 import psycopg
 import pytest
 from chaos.harness import OwnServer, wait_until, worker_env
-from conftest import Processes, query
 from psycopg import sql as pgsql
+from support import Processes, query
 
 from worker import Client
 from worker.db import migrate, sql

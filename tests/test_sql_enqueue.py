@@ -6,7 +6,7 @@ import time
 
 import psycopg
 import pytest
-from conftest import Processes, query, wait_for
+from support import Processes, query, wait_for
 
 from worker import Client, JobSpec
 

@@ -15,16 +15,11 @@ import time
 from typing import Any
 
 import pytest
-from conftest import Processes, query, wait_for
+from support import Processes, effects, insert_stage, query, status_of, wait_for
+from support import wait_for_status as wait_status
 
 from worker import Client, InvalidTransition, Job, JobNotFound, JobStatus, Pipeline
 from worker.events import PostgresBus
-
-
-def effects(url: str, job_id: str) -> list[str]:
-    """What the job's stages did, in order."""
-    rows = query(url, "SELECT kind FROM effects WHERE job = %s ORDER BY at", (job_id,))
-    return [str(r[0]) for r in rows]
 
 
 def count(url: str, job_id: str, kind: str) -> int:
@@ -40,10 +35,6 @@ def job_row(url: str, job_id: str) -> dict[str, Any]:
     )
     keys = ("status", "result", "error", "retry_count", "question", "cancel_requested", "finished")
     return dict(zip(keys, row, strict=True))
-
-
-def status_of(url: str, job_id: str) -> str:
-    return str(job_row(url, job_id)["status"])
 
 
 def stages(url: str, job_id: str) -> dict[str, dict[str, Any]]:
@@ -64,12 +55,7 @@ def counted_with_completed_stages(url: str, **outputs: str) -> Job:
     outputs), as a deploy that changed the pipeline may leave them; due now."""
     job = Client(url).enqueue("counted", {}, delay=3600)
     for stage, output in outputs.items():
-        query(
-            url,
-            "INSERT INTO worker.job_stages (job_id, stage, kind, status, output, attempt) "
-            "VALUES (%s, %s, 'stage', 'completed', %s, 1)",
-            (job.job_id, stage, output),
-        )
+        insert_stage(url, job.job_id, stage, kind="stage", output=output)
     query(url, "UPDATE worker.jobs SET run_at = now() WHERE id = %s", (job.job_id,))
     return job
 
@@ -81,14 +67,6 @@ def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
         capture_output=True,
         text=True,
         timeout=60,
-    )
-
-
-def wait_status(url: str, job_id: str, status: str, timeout: float = 30.0) -> None:
-    wait_for(
-        lambda: status_of(url, job_id) == status,
-        timeout=timeout,
-        message=f"job {job_id} to be {status} (it is {status_of(url, job_id)})",
     )
 
 

@@ -12,10 +12,10 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from conftest import Processes, query
 from sqlalchemy import Connection, create_engine, text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
+from support import Processes, query
 
 from worker import AsyncClient, Client, JobSpec
 from worker.db.url import sqlalchemy_url

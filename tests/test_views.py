@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import psycopg
-from conftest import query
+from support import insert_job, insert_worker, query
 
 FINISHED_ROWS = 1_200_000
 
@@ -20,41 +20,19 @@ def rows_of(url: str, statement: str) -> list[dict[str, Any]]:
         return conn.execute(statement).fetchall()
 
 
-def insert(url: str, **columns: str) -> str:
-    """A job row; values are SQL expressions."""
-    columns.setdefault("task", "'add'")
-    (row,) = query(
-        url,
-        f"INSERT INTO worker.jobs ({', '.join(columns)}) VALUES ({', '.join(columns.values())}) "
-        "RETURNING id::text",
-    )
-    return str(row[0])
-
-
-def add_worker(url: str, heartbeat_age: str) -> str:
-    worker_id = str(uuid.uuid4())
-    query(
-        url,
-        "INSERT INTO worker.workers (id, hostname, pid, queues, concurrency, heartbeat_at) "
-        "VALUES (%s, 'host', 1, '{default}', 4, now() - %s::interval)",
-        (worker_id, heartbeat_age),
-    )
-    return worker_id
-
-
 def test_queue_stats_counts_live_jobs_and_the_last_hour_per_queue(database_url):
     url = database_url
-    insert(url, queue="'a'", run_at="now() - interval '90 seconds'")
-    insert(url, queue="'a'", run_at="now() - interval '10 seconds'")
-    insert(url, queue="'a'", run_at="now() + interval '1 day'")  # scheduled: not waiting
-    insert(url, queue="'a'", status="'processing'", started_at="now()")
-    insert(url, queue="'a'", status="'paused'")
-    insert(url, queue="'a'", status="'failed'", finished_at="now() - interval '59 minutes'")
-    insert(url, queue="'a'", status="'failed'", finished_at="now() - interval '61 minutes'")
-    insert(url, queue="'b'", status="'completed'", finished_at="now() - interval '20 seconds'")
-    insert(url, queue="'b'", status="'completed'", finished_at="now() - interval '2 minutes'")
-    insert(url, queue="'b'", status="'cancelled'", finished_at="now()")
-    insert(url, queue="'c'", status="'completed'", finished_at="now() - interval '2 hours'")
+    insert_job(url, queue="a", run_at="sql:now() - interval '90 seconds'")
+    insert_job(url, queue="a", run_at="sql:now() - interval '10 seconds'")
+    insert_job(url, queue="a", run_at="sql:now() + interval '1 day'")  # scheduled: not waiting
+    insert_job(url, queue="a", status="processing", started_at="sql:now()")
+    insert_job(url, queue="a", status="paused")
+    insert_job(url, queue="a", status="failed", finished_at="sql:now() - interval '59 minutes'")
+    insert_job(url, queue="a", status="failed", finished_at="sql:now() - interval '61 minutes'")
+    insert_job(url, queue="b", status="completed", finished_at="sql:now() - interval '20 seconds'")
+    insert_job(url, queue="b", status="completed", finished_at="sql:now() - interval '2 minutes'")
+    insert_job(url, queue="b", status="cancelled", finished_at="sql:now()")
+    insert_job(url, queue="c", status="completed", finished_at="sql:now() - interval '2 hours'")
 
     a, b = rows_of(url, "SELECT * FROM worker.queue_stats ORDER BY queue")
     assert 90 <= a.pop("oldest_pending_seconds") < 600
@@ -81,18 +59,20 @@ def test_queue_stats_counts_live_jobs_and_the_last_hour_per_queue(database_url):
 
 def test_stuck_jobs_are_processing_jobs_whose_worker_missed_its_lease(database_url):
     url = database_url
-    fresh = add_worker(url, "1 second")
-    silent = add_worker(url, "1 minute")
-    insert(url, status="'processing'", worker_id=f"'{fresh}'", started_at="now()")
-    on_silent = insert(
+    fresh = insert_worker(url, "1 second")
+    silent = insert_worker(url, "1 minute")
+    insert_job(url, status="processing", worker_id=fresh, started_at="sql:now()")
+    on_silent = insert_job(
         url,
-        task="'resize'",
-        status="'processing'",
-        worker_id=f"'{silent}'",
-        started_at="now() - interval '5 minutes'",
+        task="resize",
+        status="processing",
+        worker_id=silent,
+        started_at="sql:now() - interval '5 minutes'",
     )
-    orphan = insert(url, status="'processing'", worker_id=f"'{uuid.uuid4()}'", started_at="now()")
-    insert(url, status="'completed'", worker_id=f"'{silent}'", finished_at="now()")
+    orphan = insert_job(
+        url, status="processing", worker_id=str(uuid.uuid4()), started_at="sql:now()"
+    )
+    insert_job(url, status="completed", worker_id=silent, finished_at="sql:now()")
 
     stuck = {str(r["id"]): r for r in rows_of(url, "SELECT * FROM worker.stuck_jobs")}
     assert stuck.keys() == {on_silent, orphan}
@@ -110,23 +90,23 @@ def test_stuck_jobs_are_processing_jobs_whose_worker_missed_its_lease(database_u
 
 def test_failed_recently_lists_the_last_day_of_failures_newest_first(database_url):
     url = database_url
-    older = insert(
+    older = insert_job(
         url,
-        status="'failed'",
-        error="E'ValueError: bad\\nTraceback ...'",
-        finished_at="now() - interval '20 hours'",
-        retry_count="3",
+        status="failed",
+        error="ValueError: bad\nTraceback ...",
+        finished_at="sql:now() - interval '20 hours'",
+        retry_count=3,
     )
-    newer = insert(
+    newer = insert_job(
         url,
-        task="'send'",
-        status="'failed'",
-        error="'lost'",
-        finished_at="now() - interval '1 minute'",
+        task="send",
+        status="failed",
+        error="lost",
+        finished_at="sql:now() - interval '1 minute'",
     )
-    insert(url, status="'failed'", error="'too old'", finished_at="now() - interval '25 hours'")
-    insert(url, status="'completed'", finished_at="now()")
-    insert(url, status="'cancelled'", finished_at="now()")
+    insert_job(url, status="failed", error="too old", finished_at="sql:now() - interval '25 hours'")
+    insert_job(url, status="completed", finished_at="sql:now()")
+    insert_job(url, status="cancelled", finished_at="sql:now()")
 
     rows = rows_of(
         url, "SELECT id::text, task, retry_count, error_line, error FROM worker.failed_recently"
@@ -147,26 +127,26 @@ def test_slowest_tasks_gives_p50_and_p95_over_the_last_hour(database_url):
                now() - make_interval(secs => s), now()
         FROM generate_series(1, 10) AS s""",
     )
-    insert(
+    insert_job(
         url,
-        task="'quick'",
-        status="'completed'",
-        started_at="now() - interval '2 seconds'",
-        finished_at="now()",
+        task="quick",
+        status="completed",
+        started_at="sql:now() - interval '2 seconds'",
+        finished_at="sql:now()",
     )
-    insert(
+    insert_job(
         url,
-        task="'quick'",
-        status="'cancelled'",
-        started_at="now() - interval '1 hour'",
-        finished_at="now()",
+        task="quick",
+        status="cancelled",
+        started_at="sql:now() - interval '1 hour'",
+        finished_at="sql:now()",
     )
-    insert(
+    insert_job(
         url,
-        task="'old'",
-        status="'completed'",
-        started_at="now() - interval '3 hours'",
-        finished_at="now() - interval '2 hours'",
+        task="old",
+        status="completed",
+        started_at="sql:now() - interval '3 hours'",
+        finished_at="sql:now() - interval '2 hours'",
     )
 
     slow, quick = rows_of(url, "SELECT * FROM worker.slowest_tasks")

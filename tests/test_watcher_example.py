@@ -18,7 +18,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from conftest import Processes, query, wait_for
+from support import Processes, query, status_of, wait_for
 
 from examples.async_job_watcher import actions
 from worker import Client
@@ -29,10 +29,6 @@ CLEANUP = "cleanup_job_status_file"
 
 def job_files(folder: Path) -> list[str]:
     return sorted(p.name for p in folder.iterdir())
-
-
-def status_of(url: str, job_id: str) -> str:
-    return str(query(url, "SELECT status FROM worker.jobs WHERE id = %s", (job_id,))[0][0])
 
 
 def stage_rows(url: str, job_id: str) -> dict[str, dict[str, Any]]:

@@ -10,17 +10,13 @@ import time
 from collections.abc import AsyncIterator
 
 import pytest
-from conftest import Processes, query, wait_for
+from support import Processes, counts, query, wait_for
 
 from worker import AsyncClient, Client, JobCancelledError, JobSpec, JobStatus
 from worker.daemon import Worker, loop
 from worker.db import sql
 from worker.settings import Settings
 from worker.tasks import Task
-
-
-def counts(url: str) -> dict[str, int]:
-    return dict(query(url, "SELECT status, count(*) FROM worker.jobs GROUP BY status"))  # type: ignore[arg-type]
 
 
 def test_four_workers_complete_every_job_exactly_once(env, database_url, processes: Processes):

@@ -8,28 +8,16 @@ processes and crashes.
 from __future__ import annotations
 
 import asyncio
-import os
-import threading
 import time
 from typing import Any
 
-import psycopg
+from support.effects import task_connection
 
 from worker import PauseForResolution, Pipeline, task
 
-_local = threading.local()
-
-
-def _conn() -> psycopg.Connection[Any]:
-    conn = getattr(_local, "conn", None)
-    if conn is None or conn.closed:
-        conn = psycopg.connect(os.environ["DATABASE_URL"], autocommit=True)
-        _local.conn = conn
-    return conn
-
 
 def record(job: str, kind: str) -> None:
-    _conn().execute("INSERT INTO effects (job, kind) VALUES (%s, %s)", (job, kind))
+    task_connection().execute("INSERT INTO effects (job, kind) VALUES (%s, %s)", (job, kind))
 
 
 @task
@@ -189,7 +177,9 @@ def messy_progress(payload: dict[str, Any], ctx: Any) -> str:
 
 
 def effects_of(job: str, kind: str) -> int:
-    cur = _conn().execute("SELECT count(*) FROM effects WHERE job = %s AND kind = %s", (job, kind))
+    cur = task_connection().execute(
+        "SELECT count(*) FROM effects WHERE job = %s AND kind = %s", (job, kind)
+    )
     row = cur.fetchone()
     return int(row[0]) if row else 0
 
@@ -360,7 +350,9 @@ raced = Pipeline("cancel_race")
 
 @raced.stage(name="ask")
 def raced_ask(ctx: Any) -> None:
-    _conn().execute("UPDATE worker.jobs SET cancel_requested = true WHERE id = %s", (ctx.job_id,))
+    task_connection().execute(
+        "UPDATE worker.jobs SET cancel_requested = true WHERE id = %s", (ctx.job_id,)
+    )
     record(ctx.job_id, "ask")
     if ctx.payload.get("then") == "pause":
         ctx.pause({"question": "go on?"})

@@ -7,7 +7,7 @@ import uuid
 from collections.abc import Callable, Iterator
 
 import pytest
-from conftest import Processes
+from support import Processes
 
 from chaos.harness import OwnServer, install_audit, query, wait_until, worker_env
 

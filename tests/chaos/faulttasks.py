@@ -9,28 +9,17 @@ from __future__ import annotations
 
 import asyncio
 import os
-import threading
 import time
 from typing import Any
 
-import psycopg
+from support.effects import task_connection
 
 from worker import Context, Pipeline, task
-
-_local = threading.local()
-
-
-def _conn() -> psycopg.Connection[Any]:
-    conn = getattr(_local, "conn", None)
-    if conn is None or conn.closed:
-        conn = psycopg.connect(os.environ["DATABASE_URL"], autocommit=True)
-        _local.conn = conn
-    return conn
 
 
 def record(job_id: str, kind: str, attempt: int, value: float | None = None) -> None:
     """One row per side effect; raises (and the attempt is retried) while the database is away."""
-    _conn().execute(
+    task_connection().execute(
         "INSERT INTO chaos_effects (job, kind, attempt, pid, value) VALUES (%s, %s, %s, %s, %s)",
         (job_id, kind, attempt, os.getpid(), value),
     )

@@ -13,21 +13,19 @@ import json
 import os
 import re
 import shutil
-import signal
-import subprocess
 import tempfile
-import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import psycopg
+from support import counts, query, wait_until
+from support import kill_group as kill  # noqa: F401 - the scenarios kill workers with it
+from support import worker_env as support_worker_env
 
 from worker.db import migrate
 from worker.db.embedded import LocalPostgres
 
-ROOT = Path(__file__).resolve().parents[2]
 TERMINAL = ("completed", "failed", "cancelled")
 
 # Every status change the product may make (see worker/db/sql/); anything else is a bug.
@@ -78,12 +76,6 @@ CREATE TRIGGER chaos_audit_insert AFTER INSERT ON worker.jobs
 """
 
 
-def query(url: str, statement: str, params: Any = None) -> list[tuple[Any, ...]]:
-    with psycopg.connect(url, autocommit=True, connect_timeout=10) as conn:
-        cur = conn.execute(statement, params)
-        return cur.fetchall() if cur.description else []
-
-
 def install_audit(url: str) -> None:
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(AUDIT)
@@ -123,23 +115,13 @@ class OwnServer:
 def worker_env(url: str, **overrides: str) -> dict[str, str]:
     """Environment for `worker run` processes of these tests: quick timings, a short lease and
     retries enough that faults alone never exhaust them (so every job must end `completed`)."""
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("WORKER_", "PG"))}
-    return {
-        **base,
-        "DATABASE_URL": url,
-        "WORKER_POLL_MIN": "0.02",
-        "WORKER_POLL_MAX": "0.5",
-        "WORKER_RETRY_BACKOFF_BASE": "0.05",
-        "WORKER_RETRY_BACKOFF_MAX": "0.5",
-        "WORKER_LEASE_SECONDS": "3",
-        "WORKER_SHUTDOWN_GRACE": "5",
+    settings = {
         "WORKER_MAX_RETRIES": "25",
         "WORKER_RETENTION_ENABLED": "false",
         "WORKER_LOG_LEVEL": "WARNING",
-        "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), str(ROOT)]),
-        "PYTHONUNBUFFERED": "1",
         **overrides,
     }
+    return support_worker_env(url, drop=("WORKER_", "PG"), **settings)
 
 
 # -- the workload ----------------------------------------------------------------------------
@@ -161,27 +143,6 @@ def enqueue_workload(url: str, n: int, sleep: float, *, task_mix: bool = True) -
         """,
         {"n": n, "sleep": sleep, "mix": task_mix},
     )
-
-
-def counts(url: str) -> dict[str, int]:
-    rows = query(url, "SELECT status, count(*) FROM worker.jobs GROUP BY status")
-    return {str(s): int(c) for s, c in rows}
-
-
-def wait_until(
-    predicate: Callable[[], object], timeout: float, message: str, interval: float = 0.1
-) -> float:
-    """Poll `predicate` (database errors count as 'not yet'); return the seconds it took."""
-    started = time.monotonic()
-    while True:
-        try:
-            if predicate():
-                return time.monotonic() - started
-        except psycopg.OperationalError:
-            pass
-        if time.monotonic() - started > timeout:
-            raise AssertionError(f"timed out after {timeout} s waiting for {message}")
-        time.sleep(interval)
 
 
 def wait_all_finished(url: str, n: int, timeout: float) -> float:
@@ -210,10 +171,6 @@ def held_by(url: str, worker_id: str) -> int:
             (worker_id,),
         )[0][0]
     )
-
-
-def kill(proc: subprocess.Popen[bytes], sig: int = signal.SIGKILL) -> None:
-    os.killpg(proc.pid, sig)
 
 
 def reachable_again_seconds(log_text: str) -> list[float]:

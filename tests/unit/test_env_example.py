@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import re
-from pathlib import Path
+
+from support import ROOT
 
 from worker.settings import Settings
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def documented() -> dict[str, str | None]:

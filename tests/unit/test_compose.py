@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import ROOT
+from support import ROOT
 from typer.main import get_command
 
 from worker.api.app import create_app
