@@ -57,6 +57,7 @@ from worker.daemon.duties import Heartbeat, Rescuer, Retention
 from worker.daemon.stage_writes import StageWrite, StageWrites
 from worker.db import sql
 from worker.db.connect import aconnect
+from worker.db.notifier import Subscription, notifier
 from worker.encoding import NotStorable, dumps
 from worker.events import PostgresBus, ProgressBus
 from worker.logs import fields
@@ -198,8 +199,8 @@ async def _wait_until_set(event: asyncio.Event, timeout: float | None) -> None:
 
 
 class DutyFailed(Exception):
-    """One of the worker's own tasks (writing outcomes, the heartbeat, the rescuer, the
-    listener, retention) failed on something retrying cannot mend. The worker stopped, rather
+    """One of the worker's own tasks (writing outcomes, the heartbeat, the rescuer,
+    retention) failed on something retrying cannot mend. The worker stopped, rather
     than go on claiming jobs whose outcomes it could not write."""
 
 
@@ -252,6 +253,7 @@ class Worker:
         # committed can be heard before the claim's answer, for a job not ours yet.
         self._claim_cancels: set[str] | None = None
         self._failure: DutyFailed | None = None
+        self._subscriptions: list[Subscription] = []
         # Observers (`worker.metrics`): called on the event loop with each claim's round trip
         # and job count, and with each batch of recorded outcomes. They must be cheap.
         self.on_claim: Callable[[float, int], None] | None = None
@@ -334,7 +336,13 @@ class Worker:
             asyncio.create_task(
                 Rescuer(self.pool, heartbeat, self.settings.lease_seconds).run(), name="rescuer"
             ),
-            asyncio.create_task(self._listen(), name="listener"),
+        ]
+        # The process's one LISTEN connection wakes the claim loop and carries cancel
+        # requests; it logs its own losses and reconnections.
+        listener = notifier(self.url)
+        self._subscriptions = [
+            listener.subscribe_async("worker_jobs", self._jobs_notified),
+            listener.subscribe_async("worker_cancel", self._cancel_notified),
         ]
         if self.settings.retention_enabled:
             duties.append(
@@ -421,6 +429,8 @@ class Worker:
                     fetch(self.pool, sql.RELEASE, {"worker_id": self.id, "ids": unfinished}), 10
                 )
             await asyncio.wait_for(fetch(self.pool, sql.DEREGISTER_WORKER, {"id": self.id}), 10)
+        for subscription in self._subscriptions:
+            subscription.close()
         for task in duties:
             task.cancel()
         await asyncio.gather(*duties, return_exceptions=True)
@@ -493,7 +503,7 @@ class Worker:
                 self._holdings_uncertain = True
                 self._claim_cancels = None
                 self._patience.failed("claiming jobs", exc, sent)
-                # The listener sets `_notified` when it is back: retry at once then.
+                # The notifier sets `_notified` when it is back: retry at once then.
                 await _wait_until_set(self._notified, delay)
                 delay = next_poll_delay(delay, False, s.poll_min, s.poll_max)
                 continue
@@ -733,6 +743,16 @@ class Worker:
 
     # -- notifications ----------------------------------------------------------------------
 
+    def _jobs_notified(self, queue: str | None) -> None:
+        """A job became due in `queue` (None: news may have been missed, look anyway)."""
+        if queue is None or queue in self.queues:
+            self._notified.set()
+
+    def _cancel_notified(self, job_id: str | None) -> None:
+        # None: requests may have been missed; the heartbeat picks those up for held jobs.
+        if job_id is not None:
+            self._cancel_requested(job_id)
+
     def _cancel_requested(self, job_id: str) -> None:
         flag = self._inflight.get(job_id)
         if flag is None and self._claim_cancels is not None:
@@ -744,36 +764,3 @@ class Worker:
                 extra=fields("job.cancel_requested", job_id=job_id),
             )
             flag.set()
-
-    async def _listen(self) -> None:
-        delay = 0.1
-        lost = False
-        while True:
-            try:
-                async with await aconnect(self.url, "durable-worker-listener") as conn:
-                    await conn.execute("LISTEN worker_jobs")
-                    await conn.execute("LISTEN worker_cancel")
-                    delay = 0.1
-                    if lost:
-                        lost = False
-                        log.info("listener reconnected", extra=fields("listener.reconnected"))
-                    self._notified.set()  # anything inserted while we were not listening
-                    async for note in conn.notifies():
-                        if note.channel == "worker_jobs":
-                            if note.payload in self.queues and not self._notified.is_set():
-                                self._notified.set()
-                                # Let the claim go out before this task waits on its socket
-                                # again, which takes longer than the claim needs to start.
-                                await asyncio.sleep(0)
-                        else:
-                            self._cancel_requested(note.payload)
-            except TRANSIENT as exc:
-                if not lost:
-                    lost = True
-                    log.warning(
-                        "listener lost (%s); polling until it is back",
-                        type(exc).__name__,
-                        extra=fields("listener.lost", error=type(exc).__name__),
-                    )
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)

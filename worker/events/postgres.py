@@ -39,10 +39,11 @@ from datetime import datetime
 from typing import Any
 
 import psycopg
-from psycopg_pool import AsyncConnectionPool, PoolTimeout
+from psycopg_pool import AsyncConnectionPool
 
 from worker.db import sql
 from worker.db.connect import aconnect, async_pool
+from worker.db.notifier import Subscription, notifier
 from worker.models import ProgressEvent
 
 log = logging.getLogger("worker.events")
@@ -57,8 +58,6 @@ FLUSH_CHUNK = 2000
 # A follower re-reads at least this often, so a NOTIFY lost during a reconnect costs at most
 # this much delay, never an event.
 FOLLOW_RECHECK_SECONDS = 1.0
-# Transient: the database is away or the network dropped; the batch is kept and retried.
-_TRANSIENT = (psycopg.OperationalError, psycopg.InterfaceError, PoolTimeout, OSError)
 # The database refused some row (a job deleted meanwhile, a value it cannot store, a message
 # past jsonb's size limit: an OperationalError by its class, but no outage).
 _REFUSED = (psycopg.IntegrityError, psycopg.DataError, psycopg.errors.ProgramLimitExceeded)
@@ -148,7 +147,7 @@ class PostgresBus:
         self._conn: psycopg.AsyncConnection[Any] | None = None
         self._pool: AsyncConnectionPool[Any] | None = None
         self._pool_size = read_pool_size
-        self._listener: asyncio.Task[None] | None = None
+        self._subscription: Subscription | None = None
         self._followers: dict[str, set[asyncio.Event]] = {}
         self._closing = False
         self._overflow_logged = 0.0
@@ -303,11 +302,11 @@ class PostgresBus:
     async def follow(self, job_id: str, after: int = 0) -> AsyncGenerator[ProgressEvent, None]:
         """Past events after `after`, then new ones as they are written; never ends.
 
-        One shared LISTEN connection per bus wakes the followers of a job; the reads use a
-        small pool, so a hundred followers do not hold a hundred connections. Database errors
-        propagate: a caller resumes with the last id it saw.
+        The process's notifier (one subscription per bus) wakes the followers of a job; the
+        reads use a small pool, so a hundred followers do not hold a hundred connections.
+        Database errors propagate: a caller resumes with the last id it saw.
         """
-        self._ensure_listener()
+        self._subscribe()
         flag = asyncio.Event()
         self._followers.setdefault(job_id, set()).add(flag)
         try:
@@ -326,24 +325,20 @@ class PostgresBus:
             if not followers:
                 self._followers.pop(job_id, None)
 
-    def _ensure_listener(self) -> None:
-        if self._listener is None or self._listener.done():
-            self._listener = asyncio.create_task(self._listen(), name="events-listen")
+    def _subscribe(self) -> None:
+        if self._subscription is None:
+            self._subscription = notifier(self.url).subscribe_async(CHANNEL, self._notified)
 
-    async def _listen(self) -> None:
-        while True:
-            try:
-                async with await aconnect(self.url, APPLICATION_NAME) as conn:
-                    await conn.execute(f"LISTEN {CHANNEL}")
-                    # Anything written while nobody listened: every follower reads again.
-                    for flags in list(self._followers.values()):
-                        for flag in flags:
-                            flag.set()
-                    async for note in conn.notifies():
-                        for flag in self._followers.get(note.payload, ()):
-                            flag.set()
-            except _TRANSIENT:
-                await asyncio.sleep(1.0)
+    def _notified(self, job_id: str | None) -> None:
+        """Wake the followers of `job_id`; None (news may have been missed): every follower
+        reads again."""
+        if job_id is None:
+            for flags in list(self._followers.values()):
+                for flag in flags:
+                    flag.set()
+        else:
+            for flag in self._followers.get(job_id, ()):
+                flag.set()
 
     async def aclose(self) -> None:
         """Write what is buffered (for up to 5 s), then release the connections."""
@@ -358,11 +353,9 @@ class PostgresBus:
             self._flusher = None
         if self._buffer:
             log.warning("%d progress events not written at shutdown", len(self._buffer))
-        if self._listener is not None:
-            self._listener.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._listener
-            self._listener = None
+        if self._subscription is not None:
+            self._subscription.close()
+            self._subscription = None
         if self._pool is not None:
             await self._pool.close()
             self._pool = None
