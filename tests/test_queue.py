@@ -14,8 +14,8 @@ from conftest import Processes, query, wait_for
 from psycopg import ClientCursor
 
 from worker import Client, InvalidJob, JobFailed, JobStatus
-from worker.daemon.db import claim_pool
 from worker.db import sql
+from worker.db.postgres import claim_pool
 
 
 def status_of(url: str, job_id: str) -> str:

@@ -14,7 +14,7 @@ from conftest import Processes, query, wait_for
 
 from worker import AsyncClient, Client, JobCancelledError, JobSpec, JobStatus
 from worker.daemon import Worker, loop
-from worker.db import sql
+from worker.db.postgres import PostgresDriver
 from worker.settings import Settings
 from worker.tasks import Task
 
@@ -198,18 +198,18 @@ def test_a_cancel_heard_before_its_claims_answer_still_stops_the_job(database_ur
     """A cancel made just after a claim commits notifies every worker at once; the claimer may
     hear it before the claim's own answer arrives, while the job is not its yet."""
     ran: list[str] = []
-    claim_answered = loop.fetch
+    claim_answered = PostgresDriver.claim
 
-    async def cancelled_in_flight(pool, query, params):  # type: ignore[no-untyped-def]
-        rows = await claim_answered(pool, query, params)
-        if query in (sql.CLAIM, sql.CLAIM_ONE_QUEUE) and rows:
+    async def cancelled_in_flight(driver, spec, limit, running):  # type: ignore[no-untyped-def]
+        rows = await claim_answered(driver, spec, limit, running)
+        if rows:
             # Committed: the cancel can only ask the worker now, over NOTIFY, which the
             # listener hears before this answer is handed on.
-            assert Client(database_url).cancel(rows[0][0]) == JobStatus.PROCESSING
+            assert Client(database_url).cancel(rows[0].id) == JobStatus.PROCESSING
             await asyncio.sleep(1.0)
         return rows
 
-    monkeypatch.setattr(loop, "fetch", cancelled_in_flight)
+    monkeypatch.setattr(PostgresDriver, "claim", cancelled_in_flight)
 
     async def main() -> None:
         async def quick(payload: dict[str, object]) -> None:

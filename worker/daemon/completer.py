@@ -15,16 +15,13 @@ import asyncio
 import functools
 import logging
 from collections.abc import Callable
-from typing import Any
 from uuid import UUID
 
 import psycopg
-from psycopg_pool import AsyncConnectionPool
 
 from worker.attempt import Outcome, OutcomeKind, StageEnd
-from worker.daemon.db import LockWaits, Patience, fetch
-from worker.db import sql
-from worker.db.records import json_records
+from worker.daemon.db import LockWaits, Patience
+from worker.db.driver import Driver, Locked, OutcomeWrite, RecordedOutcome, RetryPolicy
 from worker.models import ProgressEvent, StageStatus
 from worker.settings import Settings
 
@@ -32,22 +29,24 @@ log = logging.getLogger("worker.jobs")
 
 MAX_BATCH = 500  # keeps one statement's locks short and its parameters small
 
-Item = tuple[str, int, Outcome]  # a job, its retry_count as claimed, how the attempt ended
+Item = OutcomeWrite
 
 
 class Completer:
     def __init__(
         self,
-        pool: AsyncConnectionPool,
+        driver: Driver,
         worker_id: UUID,
         settings: Settings,
         patience: Patience,
         publish: Callable[[ProgressEvent], None],
-        on_recorded: Callable[[list[tuple[Any, ...]]], None] | None = None,
+        on_recorded: Callable[[list[RecordedOutcome]], None] | None = None,
     ) -> None:
-        self._pool = pool
+        self._driver = driver
         self._worker_id = worker_id
-        self._settings = settings
+        self._policy = RetryPolicy(
+            settings.max_retries, settings.retry_backoff_base, settings.retry_backoff_max
+        )
         self._patience = patience
         self._publish = publish
         self._on_recorded = on_recorded
@@ -59,7 +58,7 @@ class Completer:
 
     def add(self, job_id: str, retries: int, outcome: Outcome) -> None:
         """Queue the outcome of the attempt that claimed the job with `retries`."""
-        self._queue.append((job_id, retries, outcome))
+        self._queue.append(OutcomeWrite(job_id, retries, outcome))
         self._idle.clear()
         self._ready.set()
 
@@ -91,20 +90,22 @@ class Completer:
                 except (psycopg.DataError, UnicodeError) as exc:
                     rows = await self._write_each(batch, exc)
                 del self._queue[: len(batch)]
-                locked = {row[0] for row in rows if row[1] is None}
-                for job_id, _, _ in batch:
-                    if job_id not in locked:
-                        self._locked.done(job_id)
+                locked: list[Item] = []
+                recorded: list[RecordedOutcome] = []
+                for item, answer in zip(batch, rows, strict=True):
+                    if isinstance(answer, Locked):
+                        locked.append(item)
+                        continue
+                    self._locked.done(item.job_id)
+                    if answer is not None:
+                        recorded.append(answer)
+                        # The events reporting an outcome go out once it is written; those of
+                        # an outcome refused (the job is no longer ours) never do.
+                        for event in item.outcome.events:
+                            if _agrees(event, answer.status):
+                                self._publish(event)
                 if locked:
-                    self._retry_locked([item for item in batch if item[0] in locked])
-                recorded = [row for row in rows if row[1] is not None]
-                # The events reporting an outcome go out once it is written; those of an
-                # outcome refused (the job is no longer ours) never do.
-                outcomes = {job_id: outcome for job_id, _, outcome in batch}
-                for job_id, status, *_ in recorded:
-                    for event in outcomes[job_id].events:
-                        if _agrees(event, status):
-                            self._publish(event)
+                    self._retry_locked(locked)
                 if self._on_recorded is not None:
                     self._on_recorded(recorded)
             if not self._locked:
@@ -115,24 +116,26 @@ class Completer:
             self._queue.extend(items)
             self._ready.set()
 
-        delay = self._locked.skipped(job_id for job_id, _, _ in items)
+        delay = self._locked.skipped(item.job_id for item in items)
         asyncio.get_running_loop().call_later(delay, again)
 
-    async def _write_each(self, batch: list[Item], error: Exception) -> list[tuple[Any, ...]]:
+    async def _write_each(
+        self, batch: list[Item], error: Exception
+    ) -> list[RecordedOutcome | Locked | None]:
         """PostgreSQL refused a batch (a value it cannot store): write its jobs one at a time,
         a job whose own outcome is refused as `failed` naming why. No outcome is dropped and
         the flusher keeps running."""
         log.error("a batch of outcomes was refused (%s); writing them one by one", error)
-        rows: list[tuple[Any, ...]] = []
-        for job_id, retries, outcome in batch:
+        rows: list[RecordedOutcome | Locked | None] = []
+        for job_id, retries, outcome in ((i.job_id, i.retries, i.outcome) for i in batch):
 
-            async def write(item: Item) -> list[tuple[Any, ...]]:
+            async def write(item: Item) -> list[RecordedOutcome | Locked | None]:
                 return await self._patience.run(
                     "recording job outcomes", lambda: self._write([item]), past_stop=True
                 )
 
             try:
-                rows += await write((job_id, retries, outcome))
+                rows += await write(OutcomeWrite(job_id, retries, outcome))
             except (psycopg.DataError, UnicodeError) as exc:
                 reason = (str(exc).strip().splitlines() or [""])[0]
                 outcome.events = []  # they report the outcome that was not written
@@ -142,44 +145,15 @@ class Completer:
                     error=f"the job's outcome could not be stored: {type(exc).__name__}: {reason}",
                     stage_end=end,
                 )
-                rows += await write((job_id, retries, refused))
+                rows += await write(OutcomeWrite(job_id, retries, refused))
         return rows
 
     async def drain(self) -> None:
         """Wait until everything handed over so far is written (or the completer has ended)."""
         await self._idle.wait()
 
-    async def _write(self, batch: list[Item]) -> list[tuple[Any, ...]]:
-        s = self._settings
-        outcomes = json_records(
-            (
-                {
-                    "id": job_id,
-                    "retries": retries,
-                    "outcome": o.kind,
-                    "error": o.error,
-                    "delay": o.delay,
-                    "stage": o.stage_end.stage if o.stage_end else None,
-                    "stage_status": o.stage_end.status if o.stage_end else None,
-                },
-                {
-                    "result": o.result_json,
-                    "stage_output": o.stage_end.output if o.stage_end else None,
-                },
-            )
-            for job_id, retries, o in batch
-        )
-        return await fetch(
-            self._pool,
-            sql.RECORD_OUTCOMES,
-            {
-                "outcomes": outcomes,
-                "worker_id": self._worker_id,
-                "default_max_retries": s.max_retries,
-                "backoff_base": s.retry_backoff_base,
-                "backoff_max": s.retry_backoff_max,
-            },
-        )
+    async def _write(self, batch: list[Item]) -> list[RecordedOutcome | Locked | None]:
+        return await self._driver.record_outcomes(self._worker_id, self._policy, batch)
 
 
 def _agrees(event: ProgressEvent, status: str) -> bool:

@@ -15,13 +15,11 @@ import logging
 import random
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from uuid import UUID
 
 import psycopg
-from psycopg_pool import AsyncConnectionPool
 
-from worker.daemon.db import TRANSIENT, describe
-from worker.db import sql
+from worker.db.driver import Driver, Registration
+from worker.db.postgres import TRANSIENT, describe
 from worker.logs import fields
 from worker.models import TERMINAL_STATUSES
 from worker.settings import Settings
@@ -32,14 +30,13 @@ log = logging.getLogger("worker.daemon")
 class Heartbeat:
     def __init__(
         self,
-        pool: AsyncConnectionPool,
-        worker_id: UUID,
-        registration: dict[str, object],
+        driver: Driver,
+        registration: Registration,
         lease: float,
         on_cancel: Callable[[str], None],
     ) -> None:
-        self._pool = pool
-        self._id = worker_id
+        self._driver = driver
+        self._id = registration.id
         self._registration = registration
         self.interval = lease / 3
         self._on_cancel = on_cancel
@@ -49,26 +46,19 @@ class Heartbeat:
     async def beat(self) -> None:
         loop = asyncio.get_running_loop()
         try:
-            async with self._pool.connection() as conn:
-                cur = await conn.execute(sql.HEARTBEAT, {"id": self._id})
-                if cur.rowcount == 0:
-                    log.warning(
-                        "worker %s was presumed dead by another worker; its jobs may run "
-                        "again elsewhere; registering again",
-                        self._id,
-                        extra=fields("worker.reregistered", worker_id=self._id),
-                    )
-                    await conn.execute(sql.REGISTER_WORKER, self._registration)
-                cur = await conn.execute(
-                    "SELECT id::text FROM worker.jobs WHERE status = 'processing' "
-                    "AND worker_id = %(id)s AND cancel_requested",
-                    {"id": self._id},
-                )
-                for (job_id,) in await cur.fetchall():
-                    self._on_cancel(job_id)
+            beat = await self._driver.heartbeat(self._registration)
         except TRANSIENT:
             self.healthy_since = None
             raise
+        if beat.registered_again:
+            log.warning(
+                "worker %s was presumed dead by another worker; its jobs may run "
+                "again elsewhere; registering again",
+                self._id,
+                extra=fields("worker.reregistered", worker_id=self._id),
+            )
+        for job_id in beat.cancel_requested:
+            self._on_cancel(job_id)
         now = loop.time()
         # A beat that hung through an outage and then went through still breaks the run.
         if (
@@ -101,31 +91,29 @@ class Heartbeat:
 class Rescuer:
     def __init__(
         self,
-        pool: AsyncConnectionPool,
+        driver: Driver,
         heartbeat: Heartbeat,
         lease: float,
     ) -> None:
-        self._pool = pool
+        self._driver = driver
         self._heartbeat = heartbeat
         self._lease = lease
 
     async def rescue(self) -> int:
-        async with self._pool.connection() as conn:
-            # Judged again with a connection in hand: waiting for one may have outlasted an
-            # outage, after which the other workers' heartbeats are not back yet.
-            if not self._heartbeat.healthy_for(self._lease):
-                return 0
-            cur = await conn.execute(sql.RESCUE, {"lease": self._lease})
-            rows = await cur.fetchall()
-        for job_id, task, queue, _ in rows:
+        # Judged again with a connection in hand: waiting for one may have outlasted an
+        # outage, after which the other workers' heartbeats are not back yet.
+        rescued = await self._driver.rescue(
+            self._lease, lambda: self._heartbeat.healthy_for(self._lease)
+        )
+        for job in rescued:
             log.warning(
                 "job %s (%s, queue %s) rescued: its worker stopped heartbeating; back to pending",
-                job_id,
-                task,
-                queue,
-                extra=fields("job.rescued", job_id=job_id, task=task, queue=queue),
+                job.id,
+                job.task,
+                job.queue,
+                extra=fields("job.rescued", job_id=job.id, task=job.task, queue=job.queue),
             )
-        return len(rows)
+        return len(rescued)
 
     async def run(self) -> None:
         while True:
@@ -141,8 +129,8 @@ class Rescuer:
 
 
 class Retention:
-    def __init__(self, pool: AsyncConnectionPool, settings: Settings) -> None:
-        self._pool = pool
+    def __init__(self, driver: Driver, settings: Settings) -> None:
+        self._driver = driver
         self._settings = settings
 
     async def run(self) -> None:
@@ -152,17 +140,9 @@ class Retention:
             try:
                 removed = 0
                 while True:
-                    async with self._pool.connection() as conn:
-                        cur = await conn.execute(
-                            sql.PRUNE_BATCH,
-                            {
-                                "statuses": sorted(TERMINAL_STATUSES),
-                                "before": before,
-                                "batch": 1000,
-                            },
-                        )
-                    removed += cur.rowcount
-                    if cur.rowcount < 1000:
+                    pruned = await self._driver.prune(sorted(TERMINAL_STATUSES), before, 1000)
+                    removed += pruned
+                    if pruned < 1000:
                         break
                 if removed:
                     log.info(

@@ -31,8 +31,6 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 from uuid import UUID
 
-from psycopg_pool import AsyncConnectionPool
-
 from worker.attempt import (
     ClaimedJob,
     Executable,
@@ -43,21 +41,12 @@ from worker.attempt import (
     settled_before_start,
 )
 from worker.daemon.completer import Completer
-from worker.daemon.db import (
-    TRANSIENT,
-    Patience,
-    Refused,
-    UnreadableJSON,
-    claim_pool,
-    describe,
-    fetch,
-    make_pool,
-)
+from worker.daemon.db import Patience
 from worker.daemon.duties import Heartbeat, Rescuer, Retention
-from worker.daemon.stage_writes import StageWrite, StageWrites
-from worker.db import sql
-from worker.db.connect import aconnect
+from worker.daemon.stage_writes import StageWrites
+from worker.db.driver import ClaimSpec, Driver, RecordedOutcome, Registration, StageWrite
 from worker.db.notifier import Subscription, notifier
+from worker.db.postgres import TRANSIENT, PostgresDriver, Refused, UnreadableJSON, describe
 from worker.encoding import NotStorable, dumps
 from worker.events import PostgresBus, ProgressBus
 from worker.logs import fields
@@ -104,17 +93,14 @@ def next_poll_delay(current: float, found_work: bool, poll_min: float, poll_max:
 class PgStageStore:
     """Stage bookkeeping on the daemon's pool (see `stages.StageStore`)."""
 
-    def __init__(self, pool: AsyncConnectionPool, patience: Patience, worker_id: UUID) -> None:
-        self._pool = pool
+    def __init__(self, driver: Driver, patience: Patience, worker_id: UUID) -> None:
+        self._driver = driver
         self._patience = patience
         self._worker_id = worker_id
-        self._writes = StageWrites(pool, worker_id)  # concurrent jobs' writes share one commit
+        self._writes = StageWrites(driver, worker_id)  # concurrent jobs' writes share one commit
 
     async def load(self, job_id: str) -> list[StageRow]:
-        rows = await self._patience.run(
-            "reading stages", lambda: fetch(self._pool, sql.GET_STAGES, {"id": job_id})
-        )
-        return [StageRow(r[0], r[1], r[2], r[3], r[4], r[5]) for r in rows]
+        return await self._patience.run("reading stages", lambda: self._driver.load_stages(job_id))
 
     async def _run(self, doing: str, write: StageWrite) -> float:
         try:
@@ -173,16 +159,14 @@ class PgStageStore:
         return await self._run("recording a stage end and the next start", write)
 
     async def failed_for_good(self, job: ClaimedJob, error: str) -> None:
-        params = {
-            "id": job.id,
-            "error": storable_text(error),
-            "worker_id": self._worker_id,
-            "retries": job.retry_count,
-        }
-        rows = await self._patience.run(
-            "recording a failure", lambda: fetch(self._pool, sql.RECORD_FINAL_ERROR, params)
+        error = storable_text(error)
+        held = await self._patience.run(
+            "recording a failure",
+            lambda: self._driver.record_final_error(
+                self._worker_id, job.id, job.retry_count, error
+            ),
         )
-        if not rows:
+        if not held:
             raise JobLost(f"this worker no longer holds job {job.id}; the attempt stops here")
 
 
@@ -218,6 +202,7 @@ class Worker:
         *,
         registry: Mapping[str, Executable] = REGISTRY,
         bus: ProgressBus | None = None,
+        driver: Driver | None = None,
     ) -> None:
         self.url = url
         self.settings = settings
@@ -239,10 +224,9 @@ class Worker:
         self._threads: dict[str, int] = {}
         self._threads_lock = threading.Lock()
         self._executor = ThreadPoolExecutor(settings.concurrency, "worker-task")
-        self.pool: AsyncConnectionPool = make_pool(url, settings.concurrency)
-        self._claims = claim_pool(url)
-        self._patience = Patience(self._stop.is_set, self._confirm_database_is_back)
-        self.store = PgStageStore(self.pool, self._patience, self.id)
+        self.driver: Driver = driver or PostgresDriver(url, settings.concurrency)
+        self._patience = Patience(self._stop.is_set, self.driver.confirm_reachable)
+        self.store = PgStageStore(self.driver, self._patience, self.id)
         self.processed = 0
         # Outcomes handed to the completer but not written yet: the database still shows these
         # jobs as ours, and `_release_unrun_holdings` must not hand them back.
@@ -257,7 +241,7 @@ class Worker:
         # Observers (`worker.metrics`): called on the event loop with each claim's round trip
         # and job count, and with each batch of recorded outcomes. They must be cheap.
         self.on_claim: Callable[[float, int], None] | None = None
-        self.on_recorded: Callable[[list[tuple[Any, ...]]], None] | None = None
+        self.on_recorded: Callable[[list[RecordedOutcome]], None] | None = None
 
     # -- Runtime, as seen by running jobs ---------------------------------------------------
 
@@ -308,25 +292,19 @@ class Worker:
         self._slot_freed.set()
 
     async def run(self) -> None:
-        registration = {
-            "id": self.id,
-            "hostname": socket.gethostname(),
-            "pid": os.getpid(),
-            "queues": self.queues,
-            "concurrency": self.concurrency,
-        }
-        await self.pool.open(wait=False)
-        await self._claims.open(wait=False)
+        registration = Registration(
+            self.id, socket.gethostname(), os.getpid(), self.queues, self.concurrency
+        )
+        await self.driver.open()
         await self._patience.run(
-            "registering the worker",
-            lambda: fetch(self.pool, sql.REGISTER_WORKER, registration),
+            "registering the worker", lambda: self.driver.register_worker(registration)
         )
         heartbeat = Heartbeat(
-            self.pool, self.id, registration, self.settings.lease_seconds, self._cancel_requested
+            self.driver, registration, self.settings.lease_seconds, self._cancel_requested
         )
         await heartbeat.beat()
         completer = Completer(
-            self.pool, self.id, self.settings, self._patience, self.bus.publish, self._recorded
+            self.driver, self.id, self.settings, self._patience, self.bus.publish, self._recorded
         )
         self._completer = completer
         await self.bus.start()
@@ -334,7 +312,7 @@ class Worker:
             asyncio.create_task(completer.run(), name="completer"),
             asyncio.create_task(heartbeat.run(), name="heartbeat"),
             asyncio.create_task(
-                Rescuer(self.pool, heartbeat, self.settings.lease_seconds).run(), name="rescuer"
+                Rescuer(self.driver, heartbeat, self.settings.lease_seconds).run(), name="rescuer"
             ),
         ]
         # The process's one LISTEN connection wakes the claim loop and carries cancel
@@ -346,7 +324,7 @@ class Worker:
         ]
         if self.settings.retention_enabled:
             duties.append(
-                asyncio.create_task(Retention(self.pool, self.settings).run(), name="retention")
+                asyncio.create_task(Retention(self.driver, self.settings).run(), name="retention")
             )
         for duty in duties:
             duty.add_done_callback(self._duty_ended)
@@ -425,10 +403,8 @@ class Worker:
             if self._holdings_uncertain:  # a claim or hand-back answer lost before the stop
                 await asyncio.wait_for(self._release_unrun_holdings(), 10)
             if unfinished:
-                await asyncio.wait_for(
-                    fetch(self.pool, sql.RELEASE, {"worker_id": self.id, "ids": unfinished}), 10
-                )
-            await asyncio.wait_for(fetch(self.pool, sql.DEREGISTER_WORKER, {"id": self.id}), 10)
+                await asyncio.wait_for(self.driver.release(self.id, unfinished), 10)
+            await asyncio.wait_for(self.driver.deregister_worker(self.id), 10)
         for subscription in self._subscriptions:
             subscription.close()
         for task in duties:
@@ -436,8 +412,7 @@ class Worker:
         await asyncio.gather(*duties, return_exceptions=True)
         await self.bus.aclose()
         await self._patience.close()
-        await self._claims.close()
-        await self.pool.close()
+        await self.driver.close()
         self._executor.shutdown(wait=False, cancel_futures=True)
         log.info(
             "worker %s stopped after %d jobs",
@@ -446,15 +421,6 @@ class Worker:
             extra=fields("worker.stopped", worker_id=self.id, processed=self.processed),
         )
 
-    async def _confirm_database_is_back(self) -> None:
-        # A new session is the proof: a server shutting down still answers on sessions it has
-        # not cut yet, but accepts no new ones. Then sessions idle in the pool since before the
-        # outage, likely dead, are replaced rather than left to fail the next statements.
-        async with await aconnect(self.url, "durable-worker", autocommit=False):
-            pass
-        await self.pool.check()
-        await self._claims.check()
-
     # -- claiming ---------------------------------------------------------------------------
 
     async def _claim_loop(self) -> None:
@@ -462,8 +428,7 @@ class Worker:
         delay = s.poll_min
         # Read once, not per claim: a pipeline registered later still runs, its first stage
         # then recorded by the stage runner instead of the claim.
-        first_stages = self._first_stages()
-        claim = sql.CLAIM_ONE_QUEUE if len(self.queues) == 1 else sql.CLAIM
+        spec = self._claim_spec()
         while not self._stop.is_set():
             short = self._job_seconds < PREFETCH_BELOW_SECONDS
             ahead = PREFETCH_BATCHES * self.concurrency if short else 0
@@ -486,18 +451,7 @@ class Worker:
             try:
                 if self._holdings_uncertain:
                     await self._release_unrun_holdings()
-                rows = await fetch(
-                    self._claims,
-                    claim,
-                    {
-                        "queues": self.queues,
-                        "limit": free,
-                        "worker_id": self.id,
-                        "default_max_retries": s.max_retries,
-                        "running": [*self._inflight, *self._stuck],
-                        **first_stages,
-                    },
-                )
+                rows = await self.driver.claim(spec, free, [*self._inflight, *self._stuck])
             except TRANSIENT as exc:
                 # The claim may have committed with its answer lost: check before the next one.
                 self._holdings_uncertain = True
@@ -522,24 +476,27 @@ class Worker:
                 delay, bool(rows) or self._notified.is_set(), s.poll_min, s.poll_max
             )
 
-    def _first_stages(self) -> dict[str, list[str]]:
-        """The registered pipelines and their first stages, for the claim to start them."""
+    def _claim_spec(self) -> ClaimSpec:
+        """What every claim asks, with the registered pipelines and their first stages, for
+        the claim to start them."""
         pipelines = [
             (name, entry.main_stages[0].name)
             for name, entry in self.registry.items()
             if isinstance(entry, Pipeline) and entry.main_stages
         ]
-        return {
-            "pipelines": [name for name, _ in pipelines],
-            "first_stages": [stage for _, stage in pipelines],
-        }
+        return ClaimSpec(
+            self.id,
+            self.queues,
+            self.settings.max_retries,
+            [name for name, _ in pipelines],
+            [stage for _, stage in pipelines],
+        )
 
-    def _take(self, rows: list[tuple[Any, ...]]) -> None:
+    def _take(self, rows: list[ClaimedJob]) -> None:
         """Hold the jobs a claim returned, and start as many as there are free slots."""
         claimed_at = time.monotonic()
         cancels, self._claim_cancels = self._claim_cancels or set(), None
-        for row in rows:
-            job = ClaimedJob(*row)
+        for job in rows:
             self._inflight[job.id] = threading.Event()  # its cancel flag
             if job.id in cancels:
                 self._cancel_requested(job.id)
@@ -551,13 +508,12 @@ class Worker:
         whose answer never arrived (the connection broke after the commit), or of a hand-back
         that may not have committed. Our heartbeat would keep the rescuer away from them for as
         long as this worker lives."""
-        rows = await fetch(self.pool, sql.HELD_JOBS, {"worker_id": self.id})
-        held = {row[0] for row in rows}
+        held = await self.driver.held_jobs(self.id)
         self._unwritten &= held  # the rest were written, or are no longer ours
         running = set(self._inflight) | self._stuck
         lost = [job_id for job_id in held - self._unwritten if job_id not in running]
         if lost:
-            await fetch(self.pool, sql.RELEASE, {"worker_id": self.id, "ids": lost})
+            await self.driver.release(self.id, lost)
             log.warning(
                 "%d jobs held by this worker but not run here (a claim or hand-back whose "
                 "answer was lost) are back to pending",
@@ -577,7 +533,7 @@ class Worker:
         for job in jobs:
             self._inflight.pop(job.id, None)
         try:
-            await fetch(self.pool, sql.RELEASE, {"worker_id": self.id, "ids": ids})
+            await self.driver.release(self.id, ids)
         except TRANSIENT:
             # It may have committed with its answer lost, so they are not run here: the check
             # before the next claim hands back those still ours.
@@ -711,15 +667,17 @@ class Worker:
                 error=f"{type(exc).__name__}: {exc}\n" + traceback.format_exc(limit=30),
             )
 
-    def _recorded(self, rows: list[tuple[Any, ...]]) -> None:
+    def _recorded(self, rows: list[RecordedOutcome]) -> None:
         for row in rows:
-            self._unwritten.discard(row[0])
+            self._unwritten.discard(row.id)
         self.processed += len(rows)
         if self.on_recorded is not None:
             self.on_recorded(rows)
         if not job_log.isEnabledFor(logging.INFO):
             return
-        for job_id, status, task, queue, retry_count, duration, _ in rows:
+        for job_id, status, task, queue, retry_count, duration in (
+            (r.id, r.status, r.task, r.queue, r.retry_count, r.duration) for r in rows
+        ):
             # A job back to pending is a retry after a failed attempt, or a snooze.
             event = "job.requeued" if status == "pending" else f"job.{status}"
             job_log.info(

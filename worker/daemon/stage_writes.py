@@ -15,59 +15,31 @@ reorder one job's writes: a job waits for each write before it makes the next. A
 job whose row another client holds locked is skipped by its statement and tried again a
 little later; its job waits, the others do not.
 
-    writes = StageWrites(pool, worker_id)
+    writes = StageWrites(driver, worker_id)
     age = await writes.run(StageWrite(job_id, 0, started="load", kind="stage", attempt=1))
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
-from dataclasses import dataclass
-from typing import Any
 from uuid import UUID
 
 import psycopg
-from psycopg_pool import AsyncConnectionPool
 
-from worker.daemon.db import TRANSIENT, LockWaits, fetch
-from worker.db import sql
-from worker.db.records import json_records
+from worker.daemon.db import LockWaits
+from worker.db.driver import Driver, Locked, StageWrite
+from worker.db.postgres import TRANSIENT
 
 # Statements in flight at once (each holds a pooled connection while it commits).
 MAX_FLUSHES = 3
 
 
-@dataclass
-class StageWrite:
-    """End the stage `ended` with `status` (and `output`, JSON text, or `error`), start the
-    stage `started` (of `kind`, in `attempt`, with the cleanups `waiting` after it), or both at
-    once; for the job as claimed with `retries` (the write applies only while that attempt
-    holds it)."""
-
-    job_id: str
-    retries: int
-    ended: str | None = None
-    status: str = "completed"
-    output: str | None = None
-    error: str | None = None
-    started: str | None = None
-    kind: str = "stage"
-    attempt: int = 0
-    waiting: tuple[str, ...] = ()  # cleanups to run after `started`, recorded as waiting
-
-
-class _Locked:
-    """The job's row is locked by another client: the write is tried again later."""
-
-
-_LOCKED = _Locked()
 _Pending = tuple[StageWrite, asyncio.Future[float | None]]
 
 
 class StageWrites:
-    def __init__(self, pool: AsyncConnectionPool[Any], worker_id: UUID) -> None:
-        self._pool = pool
+    def __init__(self, driver: Driver, worker_id: UUID) -> None:
+        self._driver = driver
         self._worker_id = worker_id
         self._pending: list[_Pending] = []
         self._flushers: set[asyncio.Task[None]] = set()
@@ -122,11 +94,11 @@ class StageWrites:
             if self._pending:  # it ended on an error, with writes waiting for a flusher
                 self._start_flusher()
 
-    def _answer(self, batch: list[_Pending], ages: list[float | _Locked | None]) -> None:
+    def _answer(self, batch: list[_Pending], ages: list[float | Locked | None]) -> None:
         """Settle each write, or set it aside for another try if its job's row was locked."""
         locked: list[_Pending] = []
         for (write, future), age in zip(batch, ages, strict=True):
-            if isinstance(age, _Locked):
+            if isinstance(age, Locked):
                 locked.append((write, future))
             else:
                 self._locked.done(write.job_id)
@@ -141,30 +113,8 @@ class StageWrites:
         delay = self._locked.skipped(write.job_id for write, _ in locked)
         asyncio.get_running_loop().call_later(delay, again)
 
-    async def _write(self, batch: list[StageWrite]) -> list[float | _Locked | None]:
-        writes = json_records(
-            (
-                {
-                    "n": n,
-                    "job": w.job_id,
-                    "retries": w.retries,
-                    "ended": w.ended,
-                    "status": w.status,
-                    "error": w.error,
-                    "started": w.started,
-                    "kind": w.kind,
-                    "attempt": w.attempt,
-                },
-                {"output": w.output, "waiting": json.dumps(w.waiting) if w.waiting else None},
-            )
-            for n, w in enumerate(batch)
-        )
-        rows = await fetch(
-            self._pool, sql.STAGE_WRITES, {"writes": writes, "worker_id": self._worker_id}
-        )
-        # A NULL age: the job is ours, but its row was locked. No row: no longer ours.
-        ages = {n: _LOCKED if age is None else float(age) for n, age in rows}
-        return [ages.get(n) for n in range(len(batch))]
+    async def _write(self, batch: list[StageWrite]) -> list[float | Locked | None]:
+        return await self._driver.write_stages(self._worker_id, batch)
 
 
 def _settle(

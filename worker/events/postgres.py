@@ -35,57 +35,31 @@ import uuid
 from collections import deque
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
-import psycopg
-from psycopg_pool import AsyncConnectionPool
-
-from worker.db import sql
-from worker.db.connect import aconnect, async_pool
+from worker.db.driver import EventWrite
 from worker.db.notifier import Subscription, notifier
+from worker.db.postgres import EVENTS_REFUSED, PostgresDriver
 from worker.models import ProgressEvent
 
 log = logging.getLogger("worker.events")
 
 CHANNEL = "worker_events"
-APPLICATION_NAME = "durable-worker-events"
 READ_LIMIT = 1000
-# Events per INSERT. Building one statement's parameters runs on the worker's event loop:
-# 30,000 events took 1.6 s there, long enough to delay heartbeats past a short lease after
-# the table was locked for a while. A backlog drains in chunks, one per flush interval.
+# Events per INSERT. Building one statement's parameters runs on the worker's event loop: a
+# backlog of tens of thousands in one statement would delay heartbeats past a short lease
+# after the table was locked for a while. A backlog drains in chunks, one per flush interval.
 FLUSH_CHUNK = 2000
 # A follower re-reads at least this often, so a NOTIFY lost during a reconnect costs at most
 # this much delay, never an event.
 FOLLOW_RECHECK_SECONDS = 1.0
-# The database refused some row (a job deleted meanwhile, a value it cannot store, a message
-# past jsonb's size limit: an OperationalError by its class, but no outage).
-_REFUSED = (psycopg.IntegrityError, psycopg.DataError, psycopg.errors.ProgramLimitExceeded)
 # `\u0000` escapes not preceded by an escaped backslash: jsonb cannot store NUL.
 _NUL = re.compile(r"(?<!\\)((?:\\\\)*)\\u0000")
 
 
 @dataclass(slots=True)
-class _Pending:
+class _Pending(EventWrite):
     seq: int  # publish order in this process: what a flush has written is forgotten by it
-    job_id: str
-    step: str
-    status: str
-    message: str | None  # JSON text, fixed at publish time
-    created_at: datetime
-
-
-def _record(e: _Pending) -> str:
-    """The event as a JSON object for `sql.PUBLISH_EVENTS`, put together directly: a pipeline
-    job publishes seven events, and this costs a third of encoding a dict per event."""
-    message = "" if e.message is None else f',"message":{e.message}'
-    return (
-        f'{{"job_id":{_text(e.job_id)},"step":{_text(e.step)},"status":{_text(e.status)},'
-        f'"created_at":"{e.created_at.isoformat()}"{message}}}'
-    )
-
-
-_text = json.JSONEncoder(ensure_ascii=False).encode
 
 
 def message_json(message: dict[str, Any] | None) -> str | None:
@@ -144,9 +118,8 @@ class PostgresBus:
         self._wake: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._flusher: asyncio.Task[None] | None = None
-        self._conn: psycopg.AsyncConnection[Any] | None = None
-        self._pool: AsyncConnectionPool[Any] | None = None
-        self._pool_size = read_pool_size
+        # One connection writes, a small pool reads (opened on first use).
+        self._driver = PostgresDriver(url, events_readers=read_pool_size)
         self._subscription: Subscription | None = None
         self._followers: dict[str, set[asyncio.Event]] = {}
         self._closing = False
@@ -163,7 +136,7 @@ class PostgresBus:
             return
         with self._lock:
             pending = _Pending(
-                next(self._seq), event.job_id, event.step, event.status, message, event.created_at
+                event.job_id, event.step, event.status, message, event.created_at, next(self._seq)
             )
             self._buffer.append(pending)
             overflow = len(self._buffer) > self._max_buffer
@@ -199,10 +172,6 @@ class PostgresBus:
                 await self.flush()
                 backoff = 0.1
             except Exception as exc:  # the flusher must outlive any one failure
-                if self._conn is not None:
-                    with contextlib.suppress(Exception):
-                        await self._conn.close()
-                    self._conn = None
                 level = logging.DEBUG if backoff > 0.1 else logging.WARNING
                 log.log(
                     level,
@@ -221,16 +190,14 @@ class PostgresBus:
             batch = list(itertools.islice(self._buffer, FLUSH_CHUNK))
         if not batch:
             return
-        if self._conn is None or self._conn.closed:
-            self._conn = await aconnect(self.url, APPLICATION_NAME)
         try:
-            self._gone(batch, await self._write(self._conn, batch))
-        except _REFUSED:
+            self._gone(batch, await self._driver.publish_events(batch))
+        except EVENTS_REFUSED:
             # One bad row must not hold back the rest: write them one by one, drop the refused.
             for item in batch:
                 try:
-                    self._gone([item], await self._write(self._conn, [item]))
-                except _REFUSED as exc:
+                    self._gone([item], await self._driver.publish_events([item]))
+                except EVENTS_REFUSED as exc:
                     self._dropped(1, f"job {item.job_id}", str(exc).strip().splitlines()[0])
                 self._forget_through(item.seq)
         else:
@@ -256,48 +223,11 @@ class PostgresBus:
             while self._buffer and self._buffer[0].seq <= seq:
                 self._buffer.popleft()
 
-    @staticmethod
-    async def _write(conn: psycopg.AsyncConnection[Any], batch: list[_Pending]) -> list[str]:
-        """Store the batch; returns the jobs whose events were left out: they are gone."""
-        events = f"[{','.join(map(_record, batch))}]"
-        cur = await conn.execute(sql.PUBLISH_EVENTS, {"events": events})
-        row = await cur.fetchone()
-        return list(row[1] or ()) if row else []
-
     # -- reading ----------------------------------------------------------------------------
-
-    async def _reader(self) -> AsyncConnectionPool[Any]:
-        if self._pool is None:
-            self._pool = async_pool(
-                self.url,
-                APPLICATION_NAME,
-                min_size=1,
-                max_size=self._pool_size,
-                timeout=10.0,
-                reconnect_timeout=float("inf"),
-            )
-            await self._pool.open(wait=False)
-        return self._pool
 
     async def history(self, job_id: str, after: int = 0) -> list[ProgressEvent]:
         """Up to 1000 events of the job with an id greater than `after`, oldest first."""
-        pool = await self._reader()
-        async with pool.connection() as conn:
-            cur = await conn.execute(
-                sql.READ_EVENTS, {"job_id": job_id, "after": after, "limit": READ_LIMIT}
-            )
-            rows = await cur.fetchall()
-        return [
-            ProgressEvent(
-                id=row[0],
-                job_id=str(row[1]),
-                step=row[2],
-                status=row[3],
-                message=row[4],
-                created_at=row[5],
-            )
-            for row in rows
-        ]
+        return await self._driver.read_events(job_id, after, READ_LIMIT)
 
     async def follow(self, job_id: str, after: int = 0) -> AsyncGenerator[ProgressEvent, None]:
         """Past events after `after`, then new ones as they are written; never ends.
@@ -356,9 +286,4 @@ class PostgresBus:
         if self._subscription is not None:
             self._subscription.close()
             self._subscription = None
-        if self._pool is not None:
-            await self._pool.close()
-            self._pool = None
-        if self._conn is not None:
-            await self._conn.close()
-            self._conn = None
+        await self._driver.close()

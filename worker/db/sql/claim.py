@@ -13,7 +13,7 @@ WITH lease AS (
 # What a claim does with the jobs its `next` CTE picked: mark them ours and, for a pipeline
 # job with no stage row yet, start its first stage in the same commit. The jobs are found by
 # primary key probes (`= ANY(ARRAY(...))`) whatever the limit: the claim runs on a plan made
-# for any limit (`daemon.db.claim_pool`), and a join alone would then hash the whole table.
+# for any limit (`worker.db.postgres.claim_pool`), and a join alone would then hash the whole table.
 _CLAIMED = """), claimed AS (
     UPDATE worker.jobs AS j
     SET status = 'processing', worker_id = %(worker_id)s, started_at = now(), error = NULL
