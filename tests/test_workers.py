@@ -13,7 +13,7 @@ import pytest
 from conftest import Processes, query, wait_for
 
 from worker import AsyncClient, Client, JobCancelledError, JobSpec, JobStatus
-from worker.daemon import Worker, loop
+from worker.daemon import Worker, local_queue
 from worker.db.postgres import PostgresDriver
 from worker.settings import Settings
 from worker.tasks import Task
@@ -231,7 +231,7 @@ def test_a_cancel_heard_before_its_claims_answer_still_stops_the_job(database_ur
 def test_job_cancelled_while_claimed_ahead_never_runs(database_url, monkeypatch, victim_task):
     # In one process, so that the test decides when the one slot frees; the job claimed ahead
     # is held long enough for a loaded machine.
-    monkeypatch.setattr(loop, "PREFETCH_HOLD", 10.0)
+    monkeypatch.setattr(local_queue, "PREFETCH_HOLD", 10.0)
     ran: list[str] = []
 
     async def main() -> None:
@@ -256,11 +256,11 @@ def test_job_cancelled_while_claimed_ahead_never_runs(database_url, monkeypatch,
                     JobSpec(victim_task, {"key": "victim"}, priority=5),
                 ]
             )
-            while not any(str(job.id) == victim.job_id for job, _ in worker._ahead):
+            while not any(str(job.id) == victim.job_id for job, _ in worker._local.ahead):
                 await asyncio.sleep(0.002)
             # Claimed, so the request is all a cancel can do; the worker hears of it.
             assert await client.cancel(victim.job_id) == JobStatus.PROCESSING
-            while not worker._inflight[victim.job_id].is_set():
+            while not worker._local.held[victim.job_id].is_set():
                 await asyncio.sleep(0.002)
             release.set()
             await blocker.wait()

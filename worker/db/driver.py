@@ -65,9 +65,9 @@ class ClaimSpec:
 class RetryPolicy:
     """How a failed attempt is retried: the default retries and the backoff's bounds."""
 
-    default_max_retries: int
-    backoff_base: float
-    backoff_max: float
+    default_max_retries: int  # for jobs enqueued without their own
+    backoff_base: float  # seconds before the first retry; doubling with each one after
+    backoff_max: float  # the longest wait, whatever the count
 
 
 @dataclass(slots=True)
@@ -139,6 +139,12 @@ class EventWrite:
     created_at: datetime
 
 
+class Closable(Protocol):
+    """A subscription: `close` it to stop hearing."""
+
+    def close(self) -> None: ...
+
+
 class Driver(Protocol):
     """The database as the daemon and the progress bus use it."""
 
@@ -149,6 +155,11 @@ class Driver(Protocol):
 
     async def confirm_reachable(self) -> None:
         """Prove the database is back on a new session, and replace sessions from before."""
+
+    def subscribe(self, channel: str, callback: Callable[[str | None], None]) -> Closable:
+        """Call `callback(payload)` on the caller's event loop for each notification on
+        `channel` (`worker_jobs`: a queue with news; `worker_cancel`: a job id), and
+        `callback(None)` whenever some may have been missed."""
 
     # -- liveness ---------------------------------------------------------------------------
 

@@ -44,6 +44,7 @@ from worker.db.driver import (
     RetryPolicy,
     StageWrite,
 )
+from worker.db.notifier import Subscription, notifier
 from worker.db.records import json_records
 from worker.logs import scrub
 from worker.models import ProgressEvent
@@ -262,6 +263,10 @@ class PostgresDriver:
             pass
         await self.pool.check()
         await self.claims.check()
+
+    def subscribe(self, channel: str, callback: Callable[[str | None], None]) -> Subscription:
+        # The process's one LISTEN connection; it logs its own losses and reconnections.
+        return notifier(self.url).subscribe_async(channel, callback)
 
     # -- liveness ---------------------------------------------------------------------------
 

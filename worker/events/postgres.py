@@ -25,18 +25,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import json
 import logging
 import re
 import threading
 import time
 import uuid
-from collections import deque
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any
 
+from worker.db.batcher import Batcher, Verdict
 from worker.db.driver import EventWrite
 from worker.db.notifier import Subscription, notifier
 from worker.db.postgres import EVENTS_REFUSED, PostgresDriver
@@ -50,6 +49,7 @@ READ_LIMIT = 1000
 # backlog of tens of thousands in one statement would delay heartbeats past a short lease
 # after the table was locked for a while. A backlog drains in chunks, one per flush interval.
 FLUSH_CHUNK = 2000
+WAKE_AT = 500  # events waiting that start a flush before the interval is up
 # A follower re-reads at least this often, so a NOTIFY lost during a reconnect costs at most
 # this much delay, never an event.
 FOLLOW_RECHECK_SECONDS = 1.0
@@ -110,19 +110,23 @@ class PostgresBus:
     ) -> None:
         self.url = url
         self.dropped = 0
-        self._buffer: deque[_Pending] = deque()
-        self._seq = itertools.count()
         self._max_buffer = max_buffer
         self._lock = threading.Lock()
-        self._interval = flush_interval
-        self._wake: asyncio.Event | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
         self._flusher: asyncio.Task[None] | None = None
         # One connection writes, a small pool reads (opened on first use).
         self._driver = PostgresDriver(url, events_readers=read_pool_size)
+        self._batcher: Batcher[EventWrite, None] = Batcher(
+            self._write,
+            judge=_judge,
+            refuse=self._refused,
+            max_batch=FLUSH_CHUNK,
+            interval=flush_interval,
+            wake_at=WAKE_AT,
+            on_retry=_retrying,
+            name="events-flush",
+        )
         self._subscription: Subscription | None = None
         self._followers: dict[str, set[asyncio.Event]] = {}
-        self._closing = False
         self._overflow_logged = 0.0
 
     # -- publishing -------------------------------------------------------------------------
@@ -134,76 +138,34 @@ class PostgresBus:
         except Exception:  # a broken event must not fail the job that published it
             log.exception("progress event of job %s not publishable", event.job_id)
             return
+        pending = EventWrite(event.job_id, event.step, event.status, message, event.created_at)
+        if not self._batcher.add_threadsafe(pending, self._max_buffer):
+            return
         with self._lock:
-            pending = _Pending(
-                event.job_id, event.step, event.status, message, event.created_at, next(self._seq)
-            )
-            self._buffer.append(pending)
-            overflow = len(self._buffer) > self._max_buffer
-            if overflow:
-                self._buffer.popleft()
-                self.dropped += 1
-            big = len(self._buffer) >= 500
-        if overflow and time.monotonic() - self._overflow_logged > 10:
+            self.dropped += 1
+        if time.monotonic() - self._overflow_logged > 10:
             self._overflow_logged = time.monotonic()
             log.warning(
                 "progress events are published faster than they can be written; "
                 "dropping the oldest (%d dropped so far)",
                 self.dropped,
             )
-        if big and self._loop is not None and self._wake is not None:
-            with contextlib.suppress(RuntimeError):  # the loop is closed: nothing to wake
-                self._loop.call_soon_threadsafe(self._wake.set)
 
     async def start(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._wake = asyncio.Event()
-        self._closing = False
-        self._flusher = asyncio.create_task(self._flush_forever(), name="events-flush")
-
-    async def _flush_forever(self) -> None:
-        assert self._wake is not None
-        backoff = 0.1
-        while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self._interval)
-            self._wake.clear()
-            try:
-                await self.flush()
-                backoff = 0.1
-            except Exception as exc:  # the flusher must outlive any one failure
-                level = logging.DEBUG if backoff > 0.1 else logging.WARNING
-                log.log(
-                    level,
-                    "progress events not written yet (%s: %s); retrying",
-                    type(exc).__name__,
-                    str(exc).strip().splitlines()[0] if str(exc).strip() else "",
-                )
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
-            if self._closing and not self._buffer:
-                return
+        self._flusher = asyncio.create_task(self._batcher.run(), name="events-flush")
 
     async def flush(self) -> None:
         """Write what is buffered now. A failed write keeps the batch for the next try."""
-        with self._lock:
-            batch = list(itertools.islice(self._buffer, FLUSH_CHUNK))
-        if not batch:
-            return
-        try:
-            self._gone(batch, await self._driver.publish_events(batch))
-        except EVENTS_REFUSED:
-            # One bad row must not hold back the rest: write them one by one, drop the refused.
-            for item in batch:
-                try:
-                    self._gone([item], await self._driver.publish_events([item]))
-                except EVENTS_REFUSED as exc:
-                    self._dropped(1, f"job {item.job_id}", str(exc).strip().splitlines()[0])
-                self._forget_through(item.seq)
-        else:
-            self._forget_through(batch[-1].seq)
+        await self._batcher.flush()
 
-    def _gone(self, batch: list[_Pending], jobs: list[str]) -> None:
+    async def _write(self, batch: list[EventWrite]) -> None:
+        self._gone(batch, await self._driver.publish_events(batch))
+
+    def _refused(self, item: EventWrite, exc: Exception) -> None:
+        """One bad row must not hold back the rest: it is dropped alone."""
+        self._dropped(1, f"job {item.job_id}", str(exc).strip().splitlines()[0])
+
+    def _gone(self, batch: list[EventWrite], jobs: list[str]) -> None:
         """Count the events the statement left out: their jobs no longer exist."""
         if jobs:
             gone = {uuid.UUID(job_id) for job_id in jobs}
@@ -216,12 +178,6 @@ class PostgresBus:
             self.dropped += n
         what = "progress event" if n == 1 else f"{n} progress events"
         log.warning("%s of %s dropped: %s", what, which, why)
-
-    def _forget_through(self, seq: int) -> None:
-        # By sequence number, not count: an overflow may have dropped some of the batch meanwhile.
-        with self._lock:
-            while self._buffer and self._buffer[0].seq <= seq:
-                self._buffer.popleft()
 
     # -- reading ----------------------------------------------------------------------------
 
@@ -272,18 +228,31 @@ class PostgresBus:
 
     async def aclose(self) -> None:
         """Write what is buffered (for up to 5 s), then release the connections."""
-        self._closing = True
-        if self._flusher is not None and self._wake is not None:
-            self._wake.set()
-            with contextlib.suppress(TimeoutError, asyncio.CancelledError):
-                await asyncio.wait_for(asyncio.shield(self._flusher), 5.0)
+        if self._flusher is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._batcher.drain(), 5.0)
             self._flusher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._flusher
             self._flusher = None
-        if self._buffer:
-            log.warning("%d progress events not written at shutdown", len(self._buffer))
+        if self._batcher.pending:
+            log.warning("%d progress events not written at shutdown", self._batcher.pending)
         if self._subscription is not None:
             self._subscription.close()
             self._subscription = None
         await self._driver.close()
+
+
+def _judge(batch: list[EventWrite], exc: Exception, alone: bool) -> Verdict:
+    # A refused event (a job deleted meanwhile, a value it cannot store) is dropped alone; any
+    # other error keeps the batch for another try: progress waits out an outage.
+    return Verdict.SPLIT if isinstance(exc, EVENTS_REFUSED) else Verdict.RETRY
+
+
+def _retrying(exc: Exception, first: bool) -> None:
+    log.log(
+        logging.WARNING if first else logging.DEBUG,
+        "progress events not written yet (%s: %s); retrying",
+        type(exc).__name__,
+        str(exc).strip().splitlines()[0] if str(exc).strip() else "",
+    )
