@@ -35,7 +35,7 @@ def storable_text(text: str) -> str:
 
 
 class PgStageStore:
-    """Stage bookkeeping on the daemon's pool (see `stages.StageStore`)."""
+    """Stage bookkeeping on the worker's driver (see `stages.StageStore`)."""
 
     def __init__(self, driver: Driver, patience: Patience, worker_id: UUID) -> None:
         self._driver = driver
