@@ -38,7 +38,7 @@ from typing import Any
 from worker.db.batcher import Batcher, Verdict
 from worker.db.driver import EventWrite
 from worker.db.notifier import Subscription, notifier
-from worker.db.postgres import EVENTS_REFUSED, PostgresDriver
+from worker.db.postgres import EVENTS_REFUSED, PostgresDriver, listener_name
 from worker.models import ProgressEvent
 
 log = logging.getLogger("worker.events")
@@ -213,7 +213,8 @@ class PostgresBus:
 
     def _subscribe(self) -> None:
         if self._subscription is None:
-            self._subscription = notifier(self.url).subscribe_async(CHANNEL, self._notified)
+            listener = notifier(self.url, listener_name(self.url))
+            self._subscription = listener.subscribe_async(CHANNEL, self._notified)
 
     def _notified(self, job_id: str | None) -> None:
         """Wake the followers of `job_id`; None (news may have been missed): every follower
