@@ -20,7 +20,8 @@ import pytest
 from chaos.harness import OwnServer, reachable_again_seconds, wait_until, worker_env
 from support import Processes, insert_job, query
 
-from worker.daemon.db import POOL_CAP, POOL_WAIT, Patience, make_pool, pool_size
+from worker.daemon.db import Patience
+from worker.db.postgres import POOL_CAP, POOL_WAIT, make_pool, pool_size
 from worker.events import PostgresBus
 from worker.models import ProgressEvent
 
@@ -219,8 +220,8 @@ def test_pool_and_bus_connections_bound_how_long_a_silently_cut_network_holds_th
             async with pool.connection() as conn:
                 seen = [conn.info.get_parameters()]
             await bus.flush()  # connects (the event itself is refused: no such job)
-            assert bus._conn is not None
-            return [*seen, bus._conn.info.get_parameters()]
+            assert bus._driver.events_connection is not None
+            return [*seen, bus._driver.events_connection.info.get_parameters()]
         finally:
             await bus.aclose()
             await pool.close()

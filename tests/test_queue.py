@@ -14,8 +14,8 @@ from psycopg import ClientCursor
 from support import Processes, query, status_of, wait_for
 
 from worker import Client, InvalidJob, JobFailed, JobStatus
-from worker.daemon.db import claim_pool
 from worker.db import sql
+from worker.db.postgres import claim_pool
 
 
 def test_job_goes_pending_processing_completed(env, database_url, processes: Processes):

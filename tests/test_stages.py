@@ -153,7 +153,7 @@ def test_cancel_seen_as_a_snoozed_stage_is_taken_up_again_closes_that_stage(
     import testtasks  # noqa: F401 - registers the pipelines with this process
 
     from worker.daemon import Worker
-    from worker.daemon import loop as daemon_loop
+    from worker.daemon import stage_store as daemon_loop
 
     monkeypatch.setenv("DATABASE_URL", database_url)  # where the stages record their effects
     from worker.settings import Settings

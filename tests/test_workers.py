@@ -13,8 +13,8 @@ import pytest
 from support import Processes, counts, query, wait_for
 
 from worker import AsyncClient, Client, JobCancelledError, JobSpec, JobStatus
-from worker.daemon import Worker, loop
-from worker.db import sql
+from worker.daemon import Worker, local_queue
+from worker.db.postgres import PostgresDriver
 from worker.settings import Settings
 from worker.tasks import Task
 
@@ -194,18 +194,18 @@ def test_a_cancel_heard_before_its_claims_answer_still_stops_the_job(database_ur
     """A cancel made just after a claim commits notifies every worker at once; the claimer may
     hear it before the claim's own answer arrives, while the job is not its yet."""
     ran: list[str] = []
-    claim_answered = loop.fetch
+    claim_answered = PostgresDriver.claim
 
-    async def cancelled_in_flight(pool, query, params):  # type: ignore[no-untyped-def]
-        rows = await claim_answered(pool, query, params)
-        if query in (sql.CLAIM, sql.CLAIM_ONE_QUEUE) and rows:
+    async def cancelled_in_flight(driver, spec, limit, running):  # type: ignore[no-untyped-def]
+        rows = await claim_answered(driver, spec, limit, running)
+        if rows:
             # Committed: the cancel can only ask the worker now, over NOTIFY, which the
             # listener hears before this answer is handed on.
-            assert Client(database_url).cancel(rows[0][0]) == JobStatus.PROCESSING
+            assert Client(database_url).cancel(rows[0].id) == JobStatus.PROCESSING
             await asyncio.sleep(1.0)
         return rows
 
-    monkeypatch.setattr(loop, "fetch", cancelled_in_flight)
+    monkeypatch.setattr(PostgresDriver, "claim", cancelled_in_flight)
 
     async def main() -> None:
         async def quick(payload: dict[str, object]) -> None:
@@ -227,7 +227,7 @@ def test_a_cancel_heard_before_its_claims_answer_still_stops_the_job(database_ur
 def test_job_cancelled_while_claimed_ahead_never_runs(database_url, monkeypatch, victim_task):
     # In one process, so that the test decides when the one slot frees; the job claimed ahead
     # is held long enough for a loaded machine.
-    monkeypatch.setattr(loop, "PREFETCH_HOLD", 10.0)
+    monkeypatch.setattr(local_queue, "PREFETCH_HOLD", 10.0)
     ran: list[str] = []
 
     async def main() -> None:
@@ -252,11 +252,11 @@ def test_job_cancelled_while_claimed_ahead_never_runs(database_url, monkeypatch,
                     JobSpec(victim_task, {"key": "victim"}, priority=5),
                 ]
             )
-            while not any(str(job.id) == victim.job_id for job, _ in worker._ahead):
+            while not any(str(job.id) == victim.job_id for job, _ in worker._local.ahead):
                 await asyncio.sleep(0.002)
             # Claimed, so the request is all a cancel can do; the worker hears of it.
             assert await client.cancel(victim.job_id) == JobStatus.PROCESSING
-            while not worker._inflight[victim.job_id].is_set():
+            while not worker._local.held[victim.job_id].is_set():
                 await asyncio.sleep(0.002)
             release.set()
             await blocker.wait()

@@ -26,7 +26,7 @@ import contextlib
 import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from wsgiref.simple_server import WSGIServer
 
 import psycopg
@@ -45,6 +45,9 @@ from prometheus_client.registry import Collector
 from worker.db import admin
 from worker.db.admin import Conn, blocking
 from worker.models import JobStatus
+
+if TYPE_CHECKING:
+    from worker.db.driver import RecordedOutcome
 
 PREFIX = "durable_worker"
 # Jobs run from milliseconds to an hour; the claim is one indexed statement.
@@ -189,16 +192,15 @@ class WorkerMetrics:
         if jobs:
             self.claimed.inc(jobs)
 
-    def recorded(self, rows: list[tuple[Any, ...]]) -> None:
-        """The `Worker.on_recorded` hook: rows of (id, status, task, queue, retries,
-        duration, _) as `sql.RECORD_OUTCOMES` returns them."""
-        for _id, status, task, queue, _retries, duration, *_ in rows:
-            if duration is not None:
-                self.duration.labels(queue, task).observe(float(duration))
-            if status == "completed":
-                self.completed.labels(queue, task).inc()
-            elif status == "failed":
-                self.failed.labels(queue, task).inc()
+    def recorded(self, rows: list[RecordedOutcome]) -> None:
+        """The `Worker.on_recorded` hook: the outcomes just written."""
+        for row in rows:
+            if row.duration is not None:
+                self.duration.labels(row.queue, row.task).observe(row.duration)
+            if row.status == JobStatus.COMPLETED:
+                self.completed.labels(row.queue, row.task).inc()
+            elif row.status == JobStatus.FAILED:
+                self.failed.labels(row.queue, row.task).inc()
 
 
 _instrumented: WorkerMetrics | None = None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any, Literal
@@ -38,6 +39,31 @@ class StageStatus(StrEnum):
     CANCELLED = "cancelled"
     SNOOZED = "snoozed"
     PAUSED = "paused"
+
+
+class StageKind(StrEnum):
+    """What a stage row is: one of the pipeline's stages, or one of its `ALL_DONE` cleanups.
+    Stored as text in `worker.job_stages.kind`."""
+
+    STAGE = "stage"
+    CLEANUP = "cleanup"
+
+
+@dataclass
+class StageRow:
+    """A stage's persisted state (`worker.job_stages`), as `StageStore.load` reads it back."""
+
+    stage: str
+    kind: StageKind
+    status: StageStatus
+    output: Any
+    error: str | None
+    attempt: int
+
+    def __post_init__(self) -> None:
+        # Stores read text; the database's checks keep it to these values.
+        self.kind = StageKind(self.kind)
+        self.status = StageStatus(self.status)
 
 
 TERMINAL_STATUSES = frozenset({JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED})

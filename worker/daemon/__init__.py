@@ -1,5 +1,6 @@
-"""The worker daemon: the claim loop and its periodic duties (heartbeat, rescue, retention)."""
+"""The worker daemon: the `Worker` and its parts (local queue, executor, completer, plugins)."""
 
-from worker.daemon.loop import DutyFailed, Worker, next_poll_delay
+from worker.daemon.local_queue import next_poll_delay
+from worker.daemon.worker import DutyFailed, Worker
 
 __all__ = ["DutyFailed", "Worker", "next_poll_delay"]

@@ -1,13 +1,11 @@
-"""The daemon's connections: a pool, the claim loop's own, and patience when the database goes away.
+"""The daemon's patience when the database goes away.
 
 When PostgreSQL goes away (a restart, a failover, `pg_terminate_backend`, a cut network) every
 statement fails with one of the `TRANSIENT` errors. `Patience` then logs one line naming the
 cause, retries with capped exponential backoff, and logs one line when the database answers
-again; nothing else in the daemon logs the outage above DEBUG. Broken pooled connections are
-dropped on first use and replaced. The pool gives up each reconnection attempt after
-`RECONNECT_WINDOW` seconds, so the next statement starts a fresh attempt at once: left to
-itself, the pool's backoff keeps doubling through a long outage and would leave the worker
-idle for half a minute after the database came back.
+again; nothing else in the daemon logs the outage above DEBUG. `LockWaits` paces the writes
+skipped because another client holds a job's row locked. `wait_for_database` holds the start
+of a worker until the database answers.
 
 What this does not do: it does not tell a dead database from an unreachable one, and it does
 not fail over by itself (point `DATABASE_URL` at a name that follows the primary).
@@ -16,87 +14,20 @@ not fail over by itself (point `DATABASE_URL` at a name that follows the primary
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import psycopg
-from psycopg.pq import Format
-from psycopg.types.json import set_json_loads
-from psycopg.types.string import TextLoader
-from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from worker.db.connect import async_pool, connect
-from worker.logs import fields, scrub
+from worker.db.connect import connect
+from worker.db.postgres import TRANSIENT, describe
+from worker.logs import fields
 
 log = logging.getLogger("worker.daemon")
 _job_log = logging.getLogger("worker.jobs")
 T = TypeVar("T")
-
-# Errors that mean "the database is not reachable right now", as opposed to a bad statement.
-# A read-only transaction error is what a demoted primary answers during a failover.
-TRANSIENT = (
-    psycopg.OperationalError,
-    psycopg.InterfaceError,
-    psycopg.errors.ReadOnlySqlTransaction,
-    PoolTimeout,
-    OSError,
-)
-
-POOL_CAP = 16  # connections per worker process, whatever its concurrency
-POOL_WAIT = 5.0  # seconds a statement waits for a pooled connection before it is retried
-RECONNECT_WINDOW = 3.0  # seconds the pool keeps retrying one reconnection before giving up
-
-
-def pool_size(concurrency: int) -> int:
-    """Connections the daemon may open (its pool and the claim loop's) for a given
-    `WORKER_CONCURRENCY`.
-
-    A running job holds no connection (see `Worker`): the claim loop, the completer and the
-    duties need one each, stage bookkeeping a few more. Capped, so that many busy workers do
-    not exhaust the server's `max_connections`.
-
-    >>> pool_size(1), pool_size(10), pool_size(1000)
-    (4, 8, 16)
-    """
-    return min(3 + max(1, concurrency // 2), POOL_CAP)
-
-
-class UnreadableJSON:
-    """Stands in for a JSON value this process cannot decode (nested too deeply for Python).
-
-    PostgreSQL accepts JSON nested thousands of levels deep; Python's decoder stops near its
-    recursion limit (about 1000). A job carrying such a value fails with a clear error instead
-    of taking the claim of every other job down with it.
-    """
-
-    def __init__(self, reason: str) -> None:
-        self.reason = reason
-
-    def __repr__(self) -> str:
-        return f"UnreadableJSON({self.reason!r})"
-
-
-def _loads(data: str | bytes) -> Any:
-    try:
-        return json.loads(data)
-    except RecursionError:
-        return UnreadableJSON("it is nested more deeply than Python's JSON decoder allows")
-
-
-# Ids are read as text: the daemon only passes them on (as keys, log fields, parameters), and a
-# UUID object built per id, then turned back into text several times, cost about 7% of the
-# drain's CPU. (The text loader psycopg uses itself: its C one, when installed.)
-_TEXT_LOADER = (
-    psycopg.adapters.get_loader(psycopg.adapters.types["text"].oid, Format.TEXT) or TextLoader
-)
-
-
-async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:
-    set_json_loads(_loads, conn)
-    conn.adapters.register_loader("uuid", _TEXT_LOADER)
 
 
 class LockWaits:
@@ -135,83 +66,6 @@ class LockWaits:
     def done(self, job_id: str) -> None:
         """The job's write went through, or the job is no longer ours: it waits no more."""
         self._times.pop(job_id, None)
-
-
-class _PoolNoise(logging.Filter):
-    """Keeps the pool's per-attempt connection warnings out of the log, remembering the last
-    connection error so the outage line can name the cause."""
-
-    last_error: str | None = None
-    last_error_at = 0.0
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno >= logging.ERROR:
-            return True
-        if str(record.msg).startswith("error connecting") and len(record.args or ()) >= 2:
-            args = record.args
-            assert isinstance(args, tuple)
-            _PoolNoise.last_error = str(args[1]).strip().splitlines()[0]
-            _PoolNoise.last_error_at = time.monotonic()
-        return False
-
-
-_pool_logger = logging.getLogger("psycopg.pool")
-if not any(isinstance(f, _PoolNoise) for f in _pool_logger.filters):
-    _pool_logger.addFilter(_PoolNoise())
-
-
-async def _configure_claims(conn: psycopg.AsyncConnection[Any]) -> None:
-    await _configure(conn)
-    # The claim is planned once per session, not once per claim. Left to choose, PostgreSQL
-    # plans it anew every time (in a drain, 0.66 ms per claim, beside 0.62 ms to run it): its
-    # plan for "LIMIT n" looks cheaper than one for any limit. The claim is written so that the
-    # plan for any limit makes the same index probes (see `sql._CLAIMED`).
-    await conn.execute("SET plan_cache_mode = force_generic_plan")
-
-
-def make_pool(url: str, concurrency: int) -> AsyncConnectionPool:
-    """The pool of every statement but the claim: `pool_size(concurrency)` less the claim's."""
-    size = pool_size(concurrency) - 1
-    return _pool(url, min(2, size), size, _configure, "worker")
-
-
-def claim_pool(url: str) -> AsyncConnectionPool:
-    """The claim loop's own connection: its session keeps the claim's plan."""
-    return _pool(url, 1, 1, _configure_claims, "worker-claims")
-
-
-def _pool(
-    url: str,
-    min_size: int,
-    max_size: int,
-    configure: Callable[[psycopg.AsyncConnection[Any]], Awaitable[None]],
-    name: str,
-) -> AsyncConnectionPool:
-    # Named "durable-worker" whichever pool: operators and the tests find the daemon's
-    # sessions by that name; the pool's own name tells them apart in its logs.
-    pool = async_pool(
-        url,
-        "durable-worker",
-        min_size=min_size,
-        max_size=max_size,
-        configure=configure,
-        timeout=POOL_WAIT,
-        reconnect_timeout=RECONNECT_WINDOW,
-    )
-    pool.name = name
-    return pool
-
-
-def describe(exc: BaseException) -> str:
-    """One line saying why the database could not be used, without secrets."""
-    if isinstance(exc, PoolTimeout):
-        recent = time.monotonic() - _PoolNoise.last_error_at < 60
-        if recent and _PoolNoise.last_error:
-            return f"cannot connect: {scrub(_PoolNoise.last_error)}"
-        return "no connection available in time"
-    lines = str(exc).strip().splitlines()
-    detail = f": {scrub(lines[0])}" if lines else ""
-    return f"{type(exc).__name__}{detail}"
 
 
 class Patience:
@@ -371,23 +225,3 @@ def wait_for_database(url: str, timeout: float | None) -> None:
 
 class DatabaseUnreachable(Exception):
     """The database did not answer within the time the operator allowed (`--connect-timeout`)."""
-
-
-class Refused(psycopg.DataError):
-    """PostgreSQL refused a statement for a value past one of its limits (a JSON string over
-    256 MB, say). Its own error class is an `OperationalError`, as an outage's is: retried like
-    one, the statement would be refused forever and hold up everything written with it."""
-
-
-async def fetch(
-    pool: AsyncConnectionPool,
-    query: str,
-    params: dict[str, Any],
-) -> list[tuple[Any, ...]]:
-    async with pool.connection() as conn:
-        try:
-            cur = await conn.execute(query, params)
-        except psycopg.errors.ProgramLimitExceeded as exc:
-            raise Refused(str(exc).strip()) from exc
-        # `rownumber` is None without a result set; `description` would build its columns.
-        return await cur.fetchall() if cur.rownumber is not None else []

@@ -2,12 +2,12 @@
 
 A stage's end is committed before the next stage (or cleanup) runs, and its start before it
 runs, so a completed stage is never run again and a lost worker's cleanups are known. A commit
-waits for the WAL flush, so the writes
-are few: a pipeline's first stage starts with the claim (`sql.CLAIM`), a stage's end and the
-next one's start are one write, and the last stage's end goes with the job's outcome
-(`sql.RECORD_OUTCOMES`): a 3-stage job makes two. Writes that arrive while a flush is in
-progress go out together in the next statement (`sql.STAGE_WRITES`): one commit for what all
-running jobs wrote meanwhile, and each job still waits for its own write to be committed.
+waits for the WAL flush, so the writes are few: a pipeline's first stage starts with the
+claim (`sql.CLAIM`), a stage's end and the next one's start are one write, and the last
+stage's end goes with the job's outcome (`sql.RECORD_OUTCOMES`): a 3-stage job makes two.
+Writes that arrive while a flush is in progress go out together in the next statement
+(`sql.STAGE_WRITES`): one commit for what all running jobs wrote meanwhile, and each job
+still waits for its own write to be committed.
 
 Up to `MAX_FLUSHES` such statements are in flight at once, so a write seldom waits for a whole
 commit it is not part of (the server flushes concurrent commits' WAL together). That cannot
@@ -15,164 +15,62 @@ reorder one job's writes: a job waits for each write before it makes the next. A
 job whose row another client holds locked is skipped by its statement and tried again a
 little later; its job waits, the others do not.
 
-    writes = StageWrites(pool, worker_id)
-    age = await writes.run(StageWrite(job_id, 0, started="load", kind="stage", attempt=1))
+    writes = StageWrites(driver, worker_id)
+    flushers = asyncio.create_task(writes.run())
+    age = await writes.write(StageWrite(job_id, 0, started="load", kind="stage", attempt=1))
 """
 
 from __future__ import annotations
 
-import asyncio
-import json
-from dataclasses import dataclass
-from typing import Any
 from uuid import UUID
 
 import psycopg
-from psycopg_pool import AsyncConnectionPool
 
-from worker.daemon.db import TRANSIENT, LockWaits, fetch
-from worker.db import sql
-from worker.db.records import json_records
+from worker.daemon.db import LockWaits
+from worker.db.batcher import Batcher, Verdict
+from worker.db.driver import Driver, Locked, StageWrite
+from worker.db.postgres import TRANSIENT
 
 # Statements in flight at once (each holds a pooled connection while it commits).
 MAX_FLUSHES = 3
 
 
-@dataclass
-class StageWrite:
-    """End the stage `ended` with `status` (and `output`, JSON text, or `error`), start the
-    stage `started` (of `kind`, in `attempt`, with the cleanups `waiting` after it), or both at
-    once; for the job as claimed with `retries` (the write applies only while that attempt
-    holds it)."""
-
-    job_id: str
-    retries: int
-    ended: str | None = None
-    status: str = "completed"
-    output: str | None = None
-    error: str | None = None
-    started: str | None = None
-    kind: str = "stage"
-    attempt: int = 0
-    waiting: tuple[str, ...] = ()  # cleanups to run after `started`, recorded as waiting
-
-
-class _Locked:
-    """The job's row is locked by another client: the write is tried again later."""
-
-
-_LOCKED = _Locked()
-_Pending = tuple[StageWrite, asyncio.Future[float | None]]
-
-
 class StageWrites:
-    def __init__(self, pool: AsyncConnectionPool[Any], worker_id: UUID) -> None:
-        self._pool = pool
-        self._worker_id = worker_id
-        self._pending: list[_Pending] = []
-        self._flushers: set[asyncio.Task[None]] = set()
-        self._locked = LockWaits("its stage is recorded, and the job goes on,")
+    """The stage writes of one worker's running jobs, on a `Batcher`."""
 
-    async def run(self, write: StageWrite) -> float | None:
+    def __init__(self, driver: Driver, worker_id: UUID) -> None:
+        self._driver = driver
+        self._worker_id = worker_id
+        self._batcher: Batcher[StageWrite, float | None] = Batcher(
+            self._write,
+            judge=_judge,
+            flushers=MAX_FLUSHES,
+            locks=LockWaits("its stage is recorded, and the job goes on,"),
+            job_of=_job_of,
+            name="stage-writes",
+        )
+
+    async def run(self) -> None:
+        """The flushers, until cancelled."""
+        await self._batcher.run()
+
+    async def write(self, write: StageWrite) -> float | None:
         """Commit `write` in the next shared statement. Returns the seconds since the started
         stage first started (0 if none starts), or None if this worker no longer holds the
         job (it was rescued after a lost heartbeat): then nothing was written."""
-        # Cancelling the writer (shutdown) cancels its future, which its batch then skips.
-        future: asyncio.Future[float | None] = asyncio.get_running_loop().create_future()
-        self._pending.append((write, future))
-        self._start_flusher()
-        return await future
+        return await self._batcher.run_one(write)
 
-    def _start_flusher(self) -> None:
-        if len(self._flushers) < MAX_FLUSHES:
-            flusher = asyncio.create_task(self._flush(), name="stage-writes")
-            self._flushers.add(flusher)
-
-    async def _flush(self) -> None:
-        try:
-            while self._pending:
-                batch, self._pending = self._pending, []
-                try:
-                    ages = await self._write([w for w, _ in batch])
-                except TRANSIENT as exc:
-                    for _, future in batch:  # each writer retries under its own patience
-                        _settle(future, exc=exc)
-                    continue
-                except psycopg.Error as exc:
-                    if len(batch) == 1:
-                        _settle(batch[0][1], exc=exc)
-                        continue
-                    # One write was refused: the others must not fail with it. Alone, each one
-                    # succeeds or fails on its own account.
-                    for write, future in batch:
-                        try:
-                            self._answer([(write, future)], await self._write([write]))
-                        except (*TRANSIENT, psycopg.Error) as one:
-                            _settle(future, exc=one)
-                    continue
-                except BaseException as exc:
-                    for _, future in batch:
-                        _settle(future, exc=exc)
-                    raise
-                self._answer(batch, ages)
-        finally:
-            # At once: in a done callback, this flusher would still count for a write made
-            # before the callback ran, which would then wait for some later write's flusher.
-            self._flushers.discard(asyncio.current_task())
-            if self._pending:  # it ended on an error, with writes waiting for a flusher
-                self._start_flusher()
-
-    def _answer(self, batch: list[_Pending], ages: list[float | _Locked | None]) -> None:
-        """Settle each write, or set it aside for another try if its job's row was locked."""
-        locked: list[_Pending] = []
-        for (write, future), age in zip(batch, ages, strict=True):
-            if isinstance(age, _Locked):
-                locked.append((write, future))
-            else:
-                self._locked.done(write.job_id)
-                _settle(future, age=age)
-        if not locked:
-            return
-
-        def again() -> None:
-            self._pending.extend(locked)
-            self._start_flusher()
-
-        delay = self._locked.skipped(write.job_id for write, _ in locked)
-        asyncio.get_running_loop().call_later(delay, again)
-
-    async def _write(self, batch: list[StageWrite]) -> list[float | _Locked | None]:
-        writes = json_records(
-            (
-                {
-                    "n": n,
-                    "job": w.job_id,
-                    "retries": w.retries,
-                    "ended": w.ended,
-                    "status": w.status,
-                    "error": w.error,
-                    "started": w.started,
-                    "kind": w.kind,
-                    "attempt": w.attempt,
-                },
-                {"output": w.output, "waiting": json.dumps(w.waiting) if w.waiting else None},
-            )
-            for n, w in enumerate(batch)
-        )
-        rows = await fetch(
-            self._pool, sql.STAGE_WRITES, {"writes": writes, "worker_id": self._worker_id}
-        )
-        # A NULL age: the job is ours, but its row was locked. No row: no longer ours.
-        ages = {n: _LOCKED if age is None else float(age) for n, age in rows}
-        return [ages.get(n) for n in range(len(batch))]
+    async def _write(self, batch: list[StageWrite]) -> list[float | Locked | None]:
+        return await self._driver.write_stages(self._worker_id, batch)
 
 
-def _settle(
-    future: asyncio.Future[float | None], age: float | None = None, exc: BaseException | None = None
-) -> None:
-    if future.done():
-        return
-    if exc is not None:
-        future.set_exception(exc)
-    else:
-        future.set_result(age)
+def _job_of(write: StageWrite) -> str:
+    return write.job_id
+
+
+def _judge(batch: list[StageWrite], exc: Exception, alone: bool) -> Verdict:
+    # Each writer retries an outage under its own patience. A refused batch is written one
+    # write at a time: one write refused must not fail the others.
+    if isinstance(exc, TRANSIENT) or not isinstance(exc, psycopg.Error) or len(batch) == 1:
+        return Verdict.FAIL
+    return Verdict.SPLIT

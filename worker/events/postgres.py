@@ -25,68 +25,41 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import json
 import logging
 import re
 import threading
 import time
 import uuid
-from collections import deque
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
-import psycopg
-from psycopg_pool import AsyncConnectionPool, PoolTimeout
-
-from worker.db import sql
-from worker.db.connect import aconnect, async_pool
+from worker.db.batcher import Batcher, Verdict
+from worker.db.driver import EventWrite
+from worker.db.notifier import Subscription, notifier
+from worker.db.postgres import EVENTS_REFUSED, PostgresDriver, listener_name
 from worker.models import ProgressEvent
 
 log = logging.getLogger("worker.events")
 
 CHANNEL = "worker_events"
-APPLICATION_NAME = "durable-worker-events"
 READ_LIMIT = 1000
-# Events per INSERT. Building one statement's parameters runs on the worker's event loop:
-# 30,000 events took 1.6 s there, long enough to delay heartbeats past a short lease after
-# the table was locked for a while. A backlog drains in chunks, one per flush interval.
+# Events per INSERT. Building one statement's parameters runs on the worker's event loop: a
+# backlog of tens of thousands in one statement would delay heartbeats past a short lease
+# after the table was locked for a while. A backlog drains in chunks, one per flush interval.
 FLUSH_CHUNK = 2000
+WAKE_AT = 500  # events waiting that start a flush before the interval is up
 # A follower re-reads at least this often, so a NOTIFY lost during a reconnect costs at most
 # this much delay, never an event.
 FOLLOW_RECHECK_SECONDS = 1.0
-# Transient: the database is away or the network dropped; the batch is kept and retried.
-_TRANSIENT = (psycopg.OperationalError, psycopg.InterfaceError, PoolTimeout, OSError)
-# The database refused some row (a job deleted meanwhile, a value it cannot store, a message
-# past jsonb's size limit: an OperationalError by its class, but no outage).
-_REFUSED = (psycopg.IntegrityError, psycopg.DataError, psycopg.errors.ProgramLimitExceeded)
 # `\u0000` escapes not preceded by an escaped backslash: jsonb cannot store NUL.
 _NUL = re.compile(r"(?<!\\)((?:\\\\)*)\\u0000")
 
 
 @dataclass(slots=True)
-class _Pending:
+class _Pending(EventWrite):
     seq: int  # publish order in this process: what a flush has written is forgotten by it
-    job_id: str
-    step: str
-    status: str
-    message: str | None  # JSON text, fixed at publish time
-    created_at: datetime
-
-
-def _record(e: _Pending) -> str:
-    """The event as a JSON object for `sql.PUBLISH_EVENTS`, put together directly: a pipeline
-    job publishes seven events, and this costs a third of encoding a dict per event."""
-    message = "" if e.message is None else f',"message":{e.message}'
-    return (
-        f'{{"job_id":{_text(e.job_id)},"step":{_text(e.step)},"status":{_text(e.status)},'
-        f'"created_at":"{e.created_at.isoformat()}"{message}}}'
-    )
-
-
-_text = json.JSONEncoder(ensure_ascii=False).encode
 
 
 def message_json(message: dict[str, Any] | None) -> str | None:
@@ -137,20 +110,23 @@ class PostgresBus:
     ) -> None:
         self.url = url
         self.dropped = 0
-        self._buffer: deque[_Pending] = deque()
-        self._seq = itertools.count()
         self._max_buffer = max_buffer
         self._lock = threading.Lock()
-        self._interval = flush_interval
-        self._wake: asyncio.Event | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
         self._flusher: asyncio.Task[None] | None = None
-        self._conn: psycopg.AsyncConnection[Any] | None = None
-        self._pool: AsyncConnectionPool[Any] | None = None
-        self._pool_size = read_pool_size
-        self._listener: asyncio.Task[None] | None = None
+        # One connection writes, a small pool reads (opened on first use).
+        self._driver = PostgresDriver(url, events_readers=read_pool_size)
+        self._batcher: Batcher[EventWrite, None] = Batcher(
+            self._write,
+            judge=_judge,
+            refuse=self._refused,
+            max_batch=FLUSH_CHUNK,
+            interval=flush_interval,
+            wake_at=WAKE_AT,
+            on_retry=_retrying,
+            name="events-flush",
+        )
+        self._subscription: Subscription | None = None
         self._followers: dict[str, set[asyncio.Event]] = {}
-        self._closing = False
         self._overflow_logged = 0.0
 
     # -- publishing -------------------------------------------------------------------------
@@ -162,82 +138,34 @@ class PostgresBus:
         except Exception:  # a broken event must not fail the job that published it
             log.exception("progress event of job %s not publishable", event.job_id)
             return
+        pending = EventWrite(event.job_id, event.step, event.status, message, event.created_at)
+        if not self._batcher.add_threadsafe(pending, self._max_buffer):
+            return
         with self._lock:
-            pending = _Pending(
-                next(self._seq), event.job_id, event.step, event.status, message, event.created_at
-            )
-            self._buffer.append(pending)
-            overflow = len(self._buffer) > self._max_buffer
-            if overflow:
-                self._buffer.popleft()
-                self.dropped += 1
-            big = len(self._buffer) >= 500
-        if overflow and time.monotonic() - self._overflow_logged > 10:
+            self.dropped += 1
+        if time.monotonic() - self._overflow_logged > 10:
             self._overflow_logged = time.monotonic()
             log.warning(
                 "progress events are published faster than they can be written; "
                 "dropping the oldest (%d dropped so far)",
                 self.dropped,
             )
-        if big and self._loop is not None and self._wake is not None:
-            with contextlib.suppress(RuntimeError):  # the loop is closed: nothing to wake
-                self._loop.call_soon_threadsafe(self._wake.set)
 
     async def start(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._wake = asyncio.Event()
-        self._closing = False
-        self._flusher = asyncio.create_task(self._flush_forever(), name="events-flush")
-
-    async def _flush_forever(self) -> None:
-        assert self._wake is not None
-        backoff = 0.1
-        while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self._interval)
-            self._wake.clear()
-            try:
-                await self.flush()
-                backoff = 0.1
-            except Exception as exc:  # the flusher must outlive any one failure
-                if self._conn is not None:
-                    with contextlib.suppress(Exception):
-                        await self._conn.close()
-                    self._conn = None
-                level = logging.DEBUG if backoff > 0.1 else logging.WARNING
-                log.log(
-                    level,
-                    "progress events not written yet (%s: %s); retrying",
-                    type(exc).__name__,
-                    str(exc).strip().splitlines()[0] if str(exc).strip() else "",
-                )
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
-            if self._closing and not self._buffer:
-                return
+        self._flusher = asyncio.create_task(self._batcher.run(), name="events-flush")
 
     async def flush(self) -> None:
         """Write what is buffered now. A failed write keeps the batch for the next try."""
-        with self._lock:
-            batch = list(itertools.islice(self._buffer, FLUSH_CHUNK))
-        if not batch:
-            return
-        if self._conn is None or self._conn.closed:
-            self._conn = await aconnect(self.url, APPLICATION_NAME)
-        try:
-            self._gone(batch, await self._write(self._conn, batch))
-        except _REFUSED:
-            # One bad row must not hold back the rest: write them one by one, drop the refused.
-            for item in batch:
-                try:
-                    self._gone([item], await self._write(self._conn, [item]))
-                except _REFUSED as exc:
-                    self._dropped(1, f"job {item.job_id}", str(exc).strip().splitlines()[0])
-                self._forget_through(item.seq)
-        else:
-            self._forget_through(batch[-1].seq)
+        await self._batcher.flush()
 
-    def _gone(self, batch: list[_Pending], jobs: list[str]) -> None:
+    async def _write(self, batch: list[EventWrite]) -> None:
+        self._gone(batch, await self._driver.publish_events(batch))
+
+    def _refused(self, item: EventWrite, exc: Exception) -> None:
+        """One bad row must not hold back the rest: it is dropped alone."""
+        self._dropped(1, f"job {item.job_id}", str(exc).strip().splitlines()[0])
+
+    def _gone(self, batch: list[EventWrite], jobs: list[str]) -> None:
         """Count the events the statement left out: their jobs no longer exist."""
         if jobs:
             gone = {uuid.UUID(job_id) for job_id in jobs}
@@ -251,63 +179,20 @@ class PostgresBus:
         what = "progress event" if n == 1 else f"{n} progress events"
         log.warning("%s of %s dropped: %s", what, which, why)
 
-    def _forget_through(self, seq: int) -> None:
-        # By sequence number, not count: an overflow may have dropped some of the batch meanwhile.
-        with self._lock:
-            while self._buffer and self._buffer[0].seq <= seq:
-                self._buffer.popleft()
-
-    @staticmethod
-    async def _write(conn: psycopg.AsyncConnection[Any], batch: list[_Pending]) -> list[str]:
-        """Store the batch; returns the jobs whose events were left out: they are gone."""
-        events = f"[{','.join(map(_record, batch))}]"
-        cur = await conn.execute(sql.PUBLISH_EVENTS, {"events": events})
-        row = await cur.fetchone()
-        return list(row[1] or ()) if row else []
-
     # -- reading ----------------------------------------------------------------------------
-
-    async def _reader(self) -> AsyncConnectionPool[Any]:
-        if self._pool is None:
-            self._pool = async_pool(
-                self.url,
-                APPLICATION_NAME,
-                min_size=1,
-                max_size=self._pool_size,
-                timeout=10.0,
-                reconnect_timeout=float("inf"),
-            )
-            await self._pool.open(wait=False)
-        return self._pool
 
     async def history(self, job_id: str, after: int = 0) -> list[ProgressEvent]:
         """Up to 1000 events of the job with an id greater than `after`, oldest first."""
-        pool = await self._reader()
-        async with pool.connection() as conn:
-            cur = await conn.execute(
-                sql.READ_EVENTS, {"job_id": job_id, "after": after, "limit": READ_LIMIT}
-            )
-            rows = await cur.fetchall()
-        return [
-            ProgressEvent(
-                id=row[0],
-                job_id=str(row[1]),
-                step=row[2],
-                status=row[3],
-                message=row[4],
-                created_at=row[5],
-            )
-            for row in rows
-        ]
+        return await self._driver.read_events(job_id, after, READ_LIMIT)
 
     async def follow(self, job_id: str, after: int = 0) -> AsyncGenerator[ProgressEvent, None]:
         """Past events after `after`, then new ones as they are written; never ends.
 
-        One shared LISTEN connection per bus wakes the followers of a job; the reads use a
-        small pool, so a hundred followers do not hold a hundred connections. Database errors
-        propagate: a caller resumes with the last id it saw.
+        The process's notifier (one subscription per bus) wakes the followers of a job; the
+        reads use a small pool, so a hundred followers do not hold a hundred connections.
+        Database errors propagate: a caller resumes with the last id it saw.
         """
-        self._ensure_listener()
+        self._subscribe()
         flag = asyncio.Event()
         self._followers.setdefault(job_id, set()).add(flag)
         try:
@@ -326,46 +211,49 @@ class PostgresBus:
             if not followers:
                 self._followers.pop(job_id, None)
 
-    def _ensure_listener(self) -> None:
-        if self._listener is None or self._listener.done():
-            self._listener = asyncio.create_task(self._listen(), name="events-listen")
+    def _subscribe(self) -> None:
+        if self._subscription is None:
+            listener = notifier(self.url, listener_name(self.url))
+            self._subscription = listener.subscribe_async(CHANNEL, self._notified)
 
-    async def _listen(self) -> None:
-        while True:
-            try:
-                async with await aconnect(self.url, APPLICATION_NAME) as conn:
-                    await conn.execute(f"LISTEN {CHANNEL}")
-                    # Anything written while nobody listened: every follower reads again.
-                    for flags in list(self._followers.values()):
-                        for flag in flags:
-                            flag.set()
-                    async for note in conn.notifies():
-                        for flag in self._followers.get(note.payload, ()):
-                            flag.set()
-            except _TRANSIENT:
-                await asyncio.sleep(1.0)
+    def _notified(self, job_id: str | None) -> None:
+        """Wake the followers of `job_id`; None (news may have been missed): every follower
+        reads again."""
+        if job_id is None:
+            for flags in list(self._followers.values()):
+                for flag in flags:
+                    flag.set()
+        else:
+            for flag in self._followers.get(job_id, ()):
+                flag.set()
 
     async def aclose(self) -> None:
         """Write what is buffered (for up to 5 s), then release the connections."""
-        self._closing = True
-        if self._flusher is not None and self._wake is not None:
-            self._wake.set()
-            with contextlib.suppress(TimeoutError, asyncio.CancelledError):
-                await asyncio.wait_for(asyncio.shield(self._flusher), 5.0)
+        if self._flusher is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._batcher.drain(), 5.0)
             self._flusher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._flusher
             self._flusher = None
-        if self._buffer:
-            log.warning("%d progress events not written at shutdown", len(self._buffer))
-        if self._listener is not None:
-            self._listener.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._listener
-            self._listener = None
-        if self._pool is not None:
-            await self._pool.close()
-            self._pool = None
-        if self._conn is not None:
-            await self._conn.close()
-            self._conn = None
+        if self._batcher.pending:
+            log.warning("%d progress events not written at shutdown", self._batcher.pending)
+        if self._subscription is not None:
+            self._subscription.close()
+            self._subscription = None
+        await self._driver.close()
+
+
+def _judge(batch: list[EventWrite], exc: Exception, alone: bool) -> Verdict:
+    # A refused event (a job deleted meanwhile, a value it cannot store) is dropped alone; any
+    # other error keeps the batch for another try: progress waits out an outage.
+    return Verdict.SPLIT if isinstance(exc, EVENTS_REFUSED) else Verdict.RETRY
+
+
+def _retrying(exc: Exception, first: bool) -> None:
+    log.log(
+        logging.WARNING if first else logging.DEBUG,
+        "progress events not written yet (%s: %s); retrying",
+        type(exc).__name__,
+        str(exc).strip().splitlines()[0] if str(exc).strip() else "",
+    )

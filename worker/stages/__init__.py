@@ -6,10 +6,11 @@ each run of a stage ended is decided in `worker.stages.endings`. `worker.stages.
 stage state in a dict, to test a pipeline without a database.
 """
 
+from worker.models import StageRow
 from worker.stages.endings import StageDeadlineExceeded
 from worker.stages.memory import MemoryRuntime, MemoryStageStore, run_attempt
 from worker.stages.pipeline import ALL_DONE, ALL_SUCCESS, Pipeline, Stage, TriggerRule
-from worker.stages.store import StageRow, StageStore
+from worker.stages.store import StageStore
 
 __all__ = [
     "ALL_DONE",

@@ -28,8 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from worker.attempt import JSON, ClaimedJob, Outcome
 from worker.events import MemoryBus, ProgressBus
-from worker.models import StageStatus
-from worker.stages.store import StageKind, StageRow
+from worker.models import StageKind, StageRow, StageStatus
 from worker.tasks import Context
 
 if TYPE_CHECKING:
@@ -57,12 +56,17 @@ class MemoryStageStore:
         return {name: _copy(s.row) for name, s in self._jobs.get(job_id, {}).items()}
 
     async def load(self, job_id: str) -> list[StageRow]:
-        return list(self.rows(job_id).values())
+        # In the order they ran, cleanups not run yet last, as `sql.GET_STAGES` reads them.
+        stored = sorted(
+            self._jobs.get(job_id, {}).values(),
+            key=lambda s: (s.row.status == StageStatus.WAITING, s.started_at, s.row.stage),
+        )
+        return [_copy(s.row) for s in stored]
 
     async def started(
         self, job: ClaimedJob, stage: str, kind: str, attempt: int, waiting: Sequence[str] = ()
     ) -> float:
-        return self._start(job.id, stage, kind, attempt, waiting)
+        return self.start_stage(job.id, stage, kind, attempt, waiting)
 
     async def finished(
         self,
@@ -72,7 +76,7 @@ class MemoryStageStore:
         output: str | None = None,
         error: str | None = None,
     ) -> None:
-        self._end(job.id, stage, status, output, error)
+        self.end_stage(job.id, stage, status, output, error)
 
     async def advance(
         self,
@@ -84,8 +88,8 @@ class MemoryStageStore:
         attempt: int,
         waiting: Sequence[str] = (),
     ) -> float:
-        self._end(job.id, done, StageStatus.COMPLETED, output, None)
-        return self._start(job.id, stage, kind, attempt, waiting)
+        self.end_stage(job.id, done, StageStatus.COMPLETED, output, None)
+        return self.start_stage(job.id, stage, kind, attempt, waiting)
 
     async def failed_for_good(self, job: ClaimedJob, error: str) -> None:
         self.final_errors[job.id] = error
@@ -93,18 +97,23 @@ class MemoryStageStore:
     def claim_started(self, job: ClaimedJob, stage: str) -> None:
         """Record `stage` running for the job's attempt, as a claim does for a pipeline job's
         first run (then claimed with `first_stage_started=True`)."""
-        self._start(job.id, stage, StageKind.STAGE, job.attempt, ())
+        self.start_stage(job.id, stage, StageKind.STAGE, job.attempt, ())
 
     def record_outcome(self, job: ClaimedJob, outcome: Outcome) -> None:
         """Write the stage end the outcome carries, as the job's outcome write does."""
         end = outcome.stage_end
         if end is not None:
             error = None if end.status == StageStatus.COMPLETED else outcome.error
-            self._end(job.id, end.stage, end.status, end.output, error)
+            self.end_stage(job.id, end.stage, end.status, end.output, error)
 
-    def _start(
+    def forget(self, job_id: str) -> None:
+        """Drop a job's stage rows, as deleting the job does."""
+        self._jobs.pop(job_id, None)
+
+    def start_stage(
         self, job_id: str, stage: str, kind: str, attempt: int, waiting: Sequence[str]
     ) -> float:
+        """Record `stage` running (and `waiting` owed after it); its age in seconds."""
         rows, now = self._jobs.setdefault(job_id, {}), self._clock()
         before = rows.get(stage)
         # A snoozed stage keeps its first start: its deadline counts from when it first ran.
@@ -117,7 +126,10 @@ class MemoryStageStore:
             rows[name] = _Stored(row, now)
         return now - started_at
 
-    def _end(self, job_id: str, stage: str, status: str, output: JSON, error: str | None) -> None:
+    def end_stage(
+        self, job_id: str, stage: str, status: str, output: JSON, error: str | None
+    ) -> None:
+        """Record how `stage` ended; `output` is the JSON text of a completed one."""
         stored = self._jobs.get(job_id, {}).get(stage)
         if stored is None:
             return  # as the database's update of a row that is not there

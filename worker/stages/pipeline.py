@@ -54,9 +54,10 @@ from enum import StrEnum
 from typing import Any, TypeVar, overload
 
 from worker.attempt import JSON, Outcome
+from worker.models import StageKind, StageRow
 from worker.schema import MAX_TASK_NAME
 from worker.stages import runner
-from worker.stages.store import UNFINISHED, StageKind, StageRow
+from worker.stages.store import UNFINISHED
 from worker.tasks import Context, register
 
 F = TypeVar("F", bound=Callable[..., Any])

@@ -44,9 +44,9 @@ from worker.attempt import (
     settled_before_start,
 )
 from worker.encoding import NotStorable, dumps
-from worker.models import EventStatus, StageStatus
+from worker.models import EventStatus, StageKind, StageRow, StageStatus
 from worker.stages.endings import ENDINGS, Ended, Ending, invoke, short_error, traceback_text
-from worker.stages.store import OPEN, StageKind, StageRow, StageStore
+from worker.stages.store import OPEN, StageStore
 from worker.tasks import Context
 
 if TYPE_CHECKING:

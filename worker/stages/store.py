@@ -9,43 +9,15 @@ the job, is the runner's (`worker.stages.runner`).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from enum import StrEnum
 from typing import Protocol
 
 from worker.attempt import JSON, ClaimedJob
-from worker.models import StageStatus
-
-
-class StageKind(StrEnum):
-    """What a stage row is: one of the pipeline's stages, or one of its `ALL_DONE` cleanups.
-    Stored as text in `worker.job_stages.kind`."""
-
-    STAGE = "stage"
-    CLEANUP = "cleanup"
-
+from worker.models import StageRow, StageStatus
 
 # Stage rows still open: a stage that was running, snoozing or waiting for an answer.
 OPEN = frozenset({StageStatus.RUNNING, StageStatus.SNOOZED, StageStatus.PAUSED})
 # Cleanup rows of an attempt that did not finish its cleanups: one ran, or had yet to run.
 UNFINISHED = frozenset({StageStatus.RUNNING, StageStatus.WAITING})
-
-
-@dataclass
-class StageRow:
-    """A stage's persisted state (`worker.job_stages`), as `StageStore.load` reads it back."""
-
-    stage: str
-    kind: StageKind
-    status: StageStatus
-    output: JSON
-    error: str | None
-    attempt: int
-
-    def __post_init__(self) -> None:
-        # Stores read text; the database's checks keep it to these values.
-        self.kind = StageKind(self.kind)
-        self.status = StageStatus(self.status)
 
 
 class StageStore(Protocol):

@@ -59,6 +59,7 @@ from worker.db.sql.events import (
     READ_EVENTS,
 )
 from worker.db.sql.liveness import (
+    CANCEL_REQUESTED,
     DEREGISTER_WORKER,
     HEARTBEAT,
     HELD_JOBS,
@@ -73,6 +74,7 @@ from worker.db.sql.stages import (
 
 __all__ = [
     "CANCEL",
+    "CANCEL_REQUESTED",
     "CLAIM",
     "CLAIM_ONE_QUEUE",
     "COUNT_FINISHED",

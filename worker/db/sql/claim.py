@@ -1,5 +1,7 @@
 """The worker's hot path: the claim, and the write of each attempt's outcome."""
 
+from worker.db.sql.guard import held_by_attempt
+
 # Every claim renews the worker's lease, and claims nothing if its row is gone: a rescuer
 # removed it after a silent lease (a stall, a partition), and jobs it claimed now would look
 # orphaned at once, to be run elsewhere while it runs them. It claims again once its heartbeat
@@ -13,7 +15,7 @@ WITH lease AS (
 # What a claim does with the jobs its `next` CTE picked: mark them ours and, for a pipeline
 # job with no stage row yet, start its first stage in the same commit. The jobs are found by
 # primary key probes (`= ANY(ARRAY(...))`) whatever the limit: the claim runs on a plan made
-# for any limit (`daemon.db.claim_pool`), and a join alone would then hash the whole table.
+# for any limit (`worker.db.postgres.claim_pool`), and a join alone would then hash the whole table.
 _CLAIMED = """), claimed AS (
     UPDATE worker.jobs AS j
     SET status = 'processing', worker_id = %(worker_id)s, started_at = now(), error = NULL
@@ -50,7 +52,7 @@ def _due(queue: str) -> str:
     ones before held too few due jobs. A queue with fewer due jobs than the claim's limit (an
     idle one) costs a probe and a scan per priority its pending jobs use, due or not: at most
     201 (`PRIORITY_RANGE`), usually one or two. One ordered scan of the whole queue instead
-    walked every job due later (9 ms per claim with 200,000 jobs due tomorrow).
+    would walk every job due later, however many are scheduled for tomorrow.
     """
     return f"""
     WITH RECURSIVE level AS (
@@ -81,12 +83,12 @@ def _due(queue: str) -> str:
 # A job this worker still runs is skipped (`running`): after a missed lease a rescued job
 # waits for its old attempt here to end, or goes to another worker; never two attempts at once.
 # A worker of one queue (the usual case) claims with the scans of that queue alone: on an idle
-# queue its round trip is about 0.8 ms shorter than the several-queue form's.
+# queue its round trip is shorter than the several-queue form's.
 CLAIM_ONE_QUEUE = _LEASE + ", next AS (" + _due("(%(queues)s::text[])[1]") + _CLAIMED
 
 # The same for a worker of several queues: the scans of each queue (`queue = ANY(...)` cannot
-# use the index order, and sorting every pending row made each claim cost O(backlog): 50 ms vs
-# 0.6 ms at 10,000 pending). Rows a queue locked beyond the outer LIMIT are released at commit.
+# use the index order, and sorting every pending row would make each claim cost O(backlog)).
+# Rows a queue locked beyond the outer LIMIT are released at commit.
 CLAIM = (
     _LEASE
     + """, next AS (
@@ -100,8 +102,8 @@ CLAIM = (
     + _CLAIMED
 )
 
-# Safe: guarded by status = 'processing', worker_id = us and the attempt (`retry_count` as
-# claimed), so a job rescued from this worker (then finished by another, or claimed again by
+# Safe: guarded by the outcome guard (`held_by_attempt`: processing, ours, in the attempt that
+# claimed it), so a job rescued from this worker (then finished by another, or claimed again by
 # this one) is never overwritten by the attempt the rescue ended; the NOTIFY is sent at commit,
 # after the rows are visible, so a waiter woken by it reads the final state.
 # `outcome` is completed | retry | failed | cancelled | paused | snoozed. A retry becomes
@@ -115,14 +117,17 @@ CLAIM = (
 # A job whose row another client holds locked (an operator's open transaction) is skipped, not
 # waited for: the batch goes through, and the job comes back with a NULL status, to be written
 # again later (it is still ours, in this attempt). NO KEY UPDATE: the lock the UPDATE takes.
-RECORD_OUTCOMES = """
+RECORD_OUTCOMES = (
+    """
 WITH r AS (
     SELECT * FROM json_to_recordset(CAST(%(outcomes)s AS json)) AS r(
         id uuid, retries int, outcome text, result json, error text, delay float8,
         stage text, stage_status text, stage_output json)
 ), mine AS MATERIALIZED (
     SELECT j.id FROM worker.jobs AS j JOIN r ON r.id = j.id
-    WHERE j.status = 'processing' AND j.worker_id = %(worker_id)s AND j.retry_count = r.retries
+    WHERE """
+    + held_by_attempt("j", "r.retries")
+    + """
     FOR NO KEY UPDATE OF j SKIP LOCKED
 ), done AS (
     UPDATE worker.jobs AS j SET
@@ -178,6 +183,8 @@ FROM done
 UNION ALL
 SELECT r.id, NULL, NULL, NULL, NULL, NULL, NULL FROM r
 WHERE NOT EXISTS (SELECT FROM mine WHERE mine.id = r.id)
-  AND EXISTS (SELECT FROM worker.jobs AS j WHERE j.id = r.id AND j.status = 'processing'
-              AND j.worker_id = %(worker_id)s AND j.retry_count = r.retries)
+  AND EXISTS (SELECT FROM worker.jobs AS j WHERE j.id = r.id AND """
+    + held_by_attempt("j", "r.retries")
+    + """)
 """
+)

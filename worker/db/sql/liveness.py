@@ -9,6 +9,12 @@ ON CONFLICT (id) DO UPDATE SET heartbeat_at = now()
 # One row per worker, not per job: the heartbeat is the lease on every job the worker holds.
 HEARTBEAT = "UPDATE worker.workers SET heartbeat_at = now() WHERE id = %(id)s"
 
+# Read-only: the heartbeat's fallback for a lost NOTIFY on `worker_cancel`.
+CANCEL_REQUESTED = """
+SELECT id::text FROM worker.jobs
+WHERE status = 'processing' AND worker_id = %(worker_id)s AND cancel_requested
+"""
+
 DEREGISTER_WORKER = "DELETE FROM worker.workers WHERE id = %(id)s"
 
 # Safe: only workers silent for a whole lease are removed, and a live worker beats every

@@ -1,0 +1,107 @@
+"""The in-memory driver keeps the guarantees of the statements it stands in for."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+from worker.attempt import Outcome, OutcomeKind
+from worker.db.driver import (
+    LOCKED,
+    ClaimSpec,
+    OutcomeWrite,
+    RecordedOutcome,
+    Registration,
+    RetryPolicy,
+    StageWrite,
+)
+from worker.db.memory import MemoryDriver
+from worker.models import JobStatus
+
+POLICY = RetryPolicy(default_max_retries=3, backoff_base=0.0, backoff_max=0.0)
+
+
+def spec(worker_id: uuid.UUID) -> ClaimSpec:
+    return ClaimSpec(worker_id, ["default"], 3, [], [])
+
+
+async def registered(driver: MemoryDriver) -> uuid.UUID:
+    worker_id = uuid.uuid4()
+    await driver.register_worker(Registration(worker_id, "here", 1, ["default"], 1))
+    return worker_id
+
+
+def test_a_pending_job_is_claimed_by_one_worker_only() -> None:
+    driver = MemoryDriver()
+
+    async def main() -> tuple[int, int]:
+        first, second = await registered(driver), await registered(driver)
+        for _ in range(5):
+            driver.enqueue("t")
+        a = await driver.claim(spec(first), 3, [])
+        b = await driver.claim(spec(second), 10, [])
+        assert not {j.id for j in a} & {j.id for j in b}
+        return len(a), len(b)
+
+    assert asyncio.run(main()) == (3, 2)
+
+
+def test_a_worker_whose_registration_is_gone_claims_nothing() -> None:
+    driver = MemoryDriver()
+
+    async def main() -> int:
+        driver.enqueue("t")
+        return len(await driver.claim(spec(uuid.uuid4()), 10, []))
+
+    assert asyncio.run(main()) == 0
+
+
+def test_an_outcome_applies_only_to_the_attempt_that_holds_the_job() -> None:
+    driver = MemoryDriver()
+
+    async def main() -> list[object]:
+        worker_id = await registered(driver)
+        job_id = driver.enqueue("t")
+        [job] = await driver.claim(spec(worker_id), 1, [])
+        done = Outcome(OutcomeKind.COMPLETED, result=1)
+        stale = OutcomeWrite(job_id, job.retry_count + 1, done)  # another attempt's
+        other = await driver.record_outcomes(uuid.uuid4(), POLICY, [OutcomeWrite(job_id, 0, done)])
+        late = await driver.record_outcomes(worker_id, POLICY, [stale])
+        ours = await driver.record_outcomes(worker_id, POLICY, [OutcomeWrite(job_id, 0, done)])
+        return [other, late, ours]
+
+    other, late, ours = asyncio.run(main())
+    assert other == [None] and late == [None]
+    [recorded] = ours  # type: ignore[misc]
+    assert isinstance(recorded, RecordedOutcome) and recorded.status == JobStatus.COMPLETED
+
+
+def test_a_write_on_a_locked_row_is_skipped_and_stays_ours() -> None:
+    driver = MemoryDriver()
+
+    async def main() -> tuple[list[object], list[object], str]:
+        worker_id = await registered(driver)
+        job_id = driver.enqueue("t")
+        await driver.claim(spec(worker_id), 1, [])
+        driver.locked.add(job_id)
+        stage = await driver.write_stages(worker_id, [StageWrite(job_id, 0, started="s")])
+        write = OutcomeWrite(job_id, 0, Outcome(OutcomeKind.COMPLETED))
+        outcome = await driver.record_outcomes(worker_id, POLICY, [write])
+        return list(stage), list(outcome), driver.jobs[job_id].status
+
+    assert asyncio.run(main()) == ([LOCKED], [LOCKED], JobStatus.PROCESSING)
+
+
+def test_a_silent_workers_job_is_rescued_counting_the_lost_attempt() -> None:
+    driver = MemoryDriver()
+
+    async def main() -> tuple[int, str, int]:
+        worker_id = await registered(driver)
+        job_id = driver.enqueue("t")
+        await driver.claim(spec(worker_id), 1, [])
+        driver.workers[worker_id].heartbeat_at -= 60
+        rescued = await driver.rescue(15.0, lambda: True)
+        job = driver.jobs[job_id]
+        return len(rescued), job.status, job.retry_count
+
+    assert asyncio.run(main()) == (1, JobStatus.PENDING, 1)

@@ -1,0 +1,337 @@
+"""The local queue: the jobs this worker holds, claimed as slots free, claimed ahead, handed back.
+
+The claim loop claims as many jobs as there are free slots and hands them to the executor.
+While jobs finish within milliseconds it also claims up to `PREFETCH_BATCHES` more batches
+ahead, so the next jobs are at hand when slots free instead of one claim's round trip later,
+and each claim and each outcome write serves more jobs. Jobs claimed ahead are this worker's
+like running ones (cancel requests reach them, a stop hands them back); if no slot frees for
+`PREFETCH_HOLD` seconds they go back to the queue for other workers, without counting an
+attempt.
+
+The loop is a small state machine (`State`, its moves in `_MOVES`): it is claiming, waiting
+for news or the next poll, full (no slot free), holding jobs claimed ahead, handing them
+back, or stopped. It wakes at once on NOTIFY (a job inserted, a job resumed) and, when idle,
+polls with exponential backoff from `WORKER_POLL_MIN` up to `WORKER_POLL_MAX`: notifications
+are an optimisation, polling alone drains the queue.
+
+What this does not do: it does not run jobs (`executor`) nor write their outcomes
+(`completer`); it hands each finished attempt's outcome to `hand_over`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from enum import StrEnum
+from uuid import UUID
+
+from worker.attempt import ClaimedJob, Executable, Outcome
+from worker.daemon.db import Patience
+from worker.daemon.executor import Executor
+from worker.db.driver import ClaimSpec, Driver
+from worker.db.postgres import TRANSIENT
+from worker.logs import fields
+from worker.settings import Settings
+from worker.stages import Pipeline
+
+log = logging.getLogger("worker.daemon")
+job_log = logging.getLogger("worker.jobs")
+
+# Claiming ahead pays while jobs take about a round trip; past this mean duration it would
+# only keep jobs from other workers.
+PREFETCH_BELOW_SECONDS = 0.05
+# Batches of `WORKER_CONCURRENCY` jobs claimed ahead. Every claim and every outcome write is a
+# commit: several batches ahead let each serve more jobs, and the last job claimed ahead still
+# waits for a slot well within `PREFETCH_HOLD`.
+PREFETCH_BATCHES = 4
+# Jobs claimed ahead go back to the queue if no slot frees for this long.
+PREFETCH_HOLD = 0.5
+
+
+class State(StrEnum):
+    """Where the claim loop is."""
+
+    WAITING = "waiting"  # for a notification or the next poll
+    CLAIMING = "claiming"  # a claim is on its way
+    FULL = "full"  # every slot taken: waiting for one to free
+    AHEAD = "ahead"  # jobs claimed ahead wait for slots
+    HANDING_BACK = "handing back"  # no slot freed in time: the jobs ahead go back
+    STOPPED = "stopped"
+
+
+# The loop's moves: from each state, the states it may go to next.
+_MOVES: dict[State, frozenset[State]] = {
+    State.WAITING: frozenset({State.CLAIMING, State.FULL, State.AHEAD, State.STOPPED}),
+    State.CLAIMING: frozenset(
+        {State.CLAIMING, State.WAITING, State.FULL, State.AHEAD, State.STOPPED}
+    ),
+    State.FULL: frozenset({State.CLAIMING, State.FULL, State.AHEAD, State.STOPPED}),
+    State.AHEAD: frozenset(
+        {State.CLAIMING, State.FULL, State.AHEAD, State.HANDING_BACK, State.STOPPED}
+    ),
+    State.HANDING_BACK: frozenset({State.CLAIMING, State.FULL, State.AHEAD, State.STOPPED}),
+    State.STOPPED: frozenset({State.STOPPED}),
+}
+
+
+def next_poll_delay(current: float, found_work: bool, poll_min: float, poll_max: float) -> float:
+    """Idle polling: back to the minimum on work, else double up to the maximum."""
+    return poll_min if found_work else min(current * 2, poll_max)
+
+
+async def _wait_until_set(event: asyncio.Event, timeout: float | None) -> None:
+    """Wait for `event` at most `timeout` seconds. Unlike `asyncio.wait_for`, this makes no task
+    to run the wait: a wake-up reaches the waiter one loop iteration after `set()`, not three."""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(timeout):
+            await event.wait()
+
+
+def claim_spec(
+    worker_id: UUID, queues: list[str], settings: Settings, registry: Mapping[str, Executable]
+) -> ClaimSpec:
+    """What every claim asks, with the registered pipelines and their first stages, for the
+    claim to start them."""
+    pipelines = [
+        (name, entry.main_stages[0].name)
+        for name, entry in registry.items()
+        if isinstance(entry, Pipeline) and entry.main_stages
+    ]
+    return ClaimSpec(
+        worker_id,
+        queues,
+        settings.max_retries,
+        [name for name, _ in pipelines],
+        [stage for _, stage in pipelines],
+    )
+
+
+class LocalQueue:
+    """The jobs one worker holds, and the claim loop that fills its slots."""
+
+    def __init__(
+        self,
+        driver: Driver,
+        worker_id: UUID,
+        queues: list[str],
+        settings: Settings,
+        patience: Patience,
+        stopping: Callable[[], bool],
+        hand_over: Callable[[str, int, Outcome], None],
+    ) -> None:
+        self._driver = driver
+        self._id = worker_id
+        self._queues = queues
+        self._settings = settings
+        self._concurrency = settings.concurrency
+        self._patience = patience
+        self._stopping = stopping
+        self._hand_over = hand_over
+        self.executor: Executor | None = None  # set by the worker, which makes both
+        self.state = State.WAITING
+        self.notified = asyncio.Event()  # news for the claim loop: look now
+        self.slot_freed = asyncio.Event()
+        # Jobs this worker holds (claimed ahead or running), with their cancel flags.
+        self.held: dict[str, threading.Event] = {}
+        self.ahead: deque[tuple[ClaimedJob, float]] = deque()  # claimed ahead, and when
+        # Mean duration of recent jobs (moving average); prefetch waits for a first measure.
+        self.job_seconds = float("inf")
+        # Outcomes handed over but not written yet: the database still shows these jobs as
+        # ours, and `release_unrun_holdings` must not hand them back.
+        self.unwritten: set[str] = set()
+        # A claim or hand-back failed after it may have committed: check what we hold.
+        self.holdings_uncertain = False
+        # Cancel requests seen while a claim is on its way: one made just after the claim
+        # committed can be heard before the claim's answer, for a job not ours yet.
+        self._claim_cancels: set[str] | None = None
+        # Observer (`worker.metrics`): each claim's round trip and job count. Must be cheap.
+        self.on_claim: Callable[[float, int], None] | None = None
+
+    def _enter(self, state: State) -> None:
+        if state not in _MOVES[self.state]:
+            raise AssertionError(f"the claim loop cannot go from {self.state} to {state}")
+        self.state = state
+
+    @property
+    def _executor(self) -> Executor:
+        assert self.executor is not None
+        return self.executor
+
+    # -- the claim loop ---------------------------------------------------------------------
+
+    async def run(self, spec: ClaimSpec) -> None:
+        """Claim and start jobs until the worker stops."""
+        s = self._settings
+        delay = s.poll_min
+        while not self._stopping():
+            short = self.job_seconds < PREFETCH_BELOW_SECONDS
+            ahead = PREFETCH_BATCHES * self._concurrency if short else 0
+            free = self._concurrency + ahead - len(self.held) - len(self._executor.stuck)
+            # Refill the jobs claimed ahead once they have all started: a claim per batch, not
+            # one per slot freed.
+            if free <= 0 or self.ahead:
+                self._enter(State.AHEAD if self.ahead else State.FULL)
+                self.slot_freed.clear()
+                await _wait_until_set(self.slot_freed, PREFETCH_HOLD if self.ahead else None)
+                if self.ahead and time.monotonic() - self.ahead[0][1] >= PREFETCH_HOLD:
+                    self._enter(State.HANDING_BACK)
+                    await self.hand_back_ahead(f"no slot freed within {PREFETCH_HOLD} s")
+                    # Jobs now last long enough that claiming ahead would only keep them from
+                    # other workers: not again until short jobs bring the average down.
+                    self.job_seconds = max(self.job_seconds, PREFETCH_HOLD)
+                continue
+            self._enter(State.CLAIMING)
+            self.notified.clear()
+            claim_started = time.perf_counter()
+            sent = time.monotonic()
+            self._claim_cancels = set()
+            try:
+                if self.holdings_uncertain:
+                    await self.release_unrun_holdings()
+                jobs = await self._driver.claim(spec, free, [*self.held, *self._executor.stuck])
+            except TRANSIENT as exc:
+                # The claim may have committed with its answer lost: check before the next one.
+                self.holdings_uncertain = True
+                self._claim_cancels = None
+                self._patience.failed("claiming jobs", exc, sent)
+                # The notifier wakes the loop when it is back: retry at once then.
+                self._enter(State.WAITING)
+                await _wait_until_set(self.notified, delay)
+                delay = next_poll_delay(delay, False, s.poll_min, s.poll_max)
+                continue
+            self._patience.succeeded(sent)
+            if self.on_claim is not None:
+                self.on_claim(time.perf_counter() - claim_started, len(jobs))
+            self.take(jobs)
+            if len(jobs) == free:
+                delay = s.poll_min
+                continue  # there may be more: claim again as soon as a slot frees
+            if jobs:
+                delay = s.poll_min
+            log.debug("idle: next poll in %.3f s", delay)
+            self._enter(State.WAITING)
+            await _wait_until_set(self.notified, delay)
+            delay = next_poll_delay(
+                delay, bool(jobs) or self.notified.is_set(), s.poll_min, s.poll_max
+            )
+        self._enter(State.STOPPED)
+
+    def take(self, jobs: list[ClaimedJob]) -> None:
+        """Hold the jobs a claim returned, and start as many as there are free slots."""
+        claimed_at = time.monotonic()
+        cancels, self._claim_cancels = self._claim_cancels or set(), None
+        for job in jobs:
+            self.held[job.id] = threading.Event()  # its cancel flag
+            if job.id in cancels:
+                self.cancel_requested(job.id)
+            self.ahead.append((job, claimed_at))
+        self.start_ahead()
+
+    def start_ahead(self) -> None:
+        """Start claimed jobs while slots are free."""
+        executor = self._executor
+        while self.ahead and not self._stopping() and executor.busy < self._concurrency:
+            job = self.ahead.popleft()[0]
+            # Its flag is set if a cancel request came while the job waited.
+            executor.start(job, self.held[job.id])
+
+    def finished(self, job: ClaimedJob, outcome: Outcome, took: float) -> None:
+        """An attempt ended: hand its outcome over, and fill the slot it freed."""
+        self.unwritten.add(job.id)
+        self.held.pop(job.id, None)
+        self._hand_over(job.id, job.retry_count, outcome)
+        average = self.job_seconds
+        self.job_seconds = took if average == float("inf") else 0.8 * average + 0.2 * took
+        self.freed()
+
+    def freed(self) -> None:
+        """A slot is free: start a job claimed ahead, or wake the loop to claim."""
+        self.start_ahead()
+        self.slot_freed.set()
+
+    def recorded(self, job_id: str) -> None:
+        """The job's outcome is written: it is no longer this worker's."""
+        self.unwritten.discard(job_id)
+
+    def wake(self) -> None:
+        """Look for jobs now (news came, or the worker stops)."""
+        self.notified.set()
+        self.slot_freed.set()
+
+    # -- cancel requests --------------------------------------------------------------------
+
+    def jobs_notified(self, queue: str | None) -> None:
+        """A job became due in `queue` (None: news may have been missed, look anyway)."""
+        if queue is None or queue in self._queues:
+            self.notified.set()
+
+    def cancel_notified(self, job_id: str | None) -> None:
+        # None: requests may have been missed; the heartbeat picks those up for held jobs.
+        if job_id is not None:
+            self.cancel_requested(job_id)
+
+    def cancel_requested(self, job_id: str) -> None:
+        flag = self.held.get(job_id)
+        if flag is None and self._claim_cancels is not None:
+            self._claim_cancels.add(job_id)
+        if flag is not None and not flag.is_set():
+            job_log.info(
+                "job %s cancel requested",
+                job_id,
+                extra=fields("job.cancel_requested", job_id=job_id),
+            )
+            flag.set()
+
+    # -- handing back -----------------------------------------------------------------------
+
+    async def release_unrun_holdings(self) -> None:
+        """Hand back jobs the database shows as ours that nobody here runs: those of a claim
+        whose answer never arrived (the connection broke after the commit), or of a hand-back
+        that may not have committed. Our heartbeat would keep the rescuer away from them for as
+        long as this worker lives."""
+        held = await self._driver.held_jobs(self._id)
+        self.unwritten &= held  # the rest were written, or are no longer ours
+        running = set(self.held) | self._executor.stuck
+        lost = [job_id for job_id in held - self.unwritten if job_id not in running]
+        if lost:
+            await self._driver.release(self._id, lost)
+            log.warning(
+                "%d jobs held by this worker but not run here (a claim or hand-back whose "
+                "answer was lost) are back to pending",
+                len(lost),
+                extra=fields("claim.lost_released", jobs=len(lost)),
+            )
+        self.holdings_uncertain = False
+
+    async def hand_back_ahead(self, why: str) -> None:
+        """Return the jobs claimed ahead to the queue, for another worker to run them sooner.
+        Not an attempt."""
+        if not self.ahead:
+            return
+        jobs = [job for job, _ in self.ahead]
+        self.ahead.clear()  # out of reach of `start_ahead` while the statement runs
+        ids = [job.id for job in jobs]
+        for job in jobs:
+            self.held.pop(job.id, None)
+        try:
+            await self._driver.release(self._id, ids)
+        except TRANSIENT:
+            # It may have committed with its answer lost, so they are not run here: the check
+            # before the next claim hands back those still ours.
+            self.holdings_uncertain = True
+            return
+        log.info(
+            "%d jobs claimed ahead went back to the queue: %s",
+            len(jobs),
+            why,
+            extra=fields("claim.ahead_returned", jobs=len(jobs), reason=why),
+        )
+
+    def unfinished(self) -> list[str]:
+        """The jobs still held: claimed ahead, running, or with a thread still running."""
+        return list(self.held) + list(self._executor.stuck)

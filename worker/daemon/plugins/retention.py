@@ -1,0 +1,66 @@
+"""Retention: finished jobs older than the retention period are deleted, in small batches.
+
+Runs every `WORKER_RETENTION_INTERVAL` seconds (jittered, so that workers do not prune
+together); their events go with them. A failure is logged and tried again next time: jobs
+still run meanwhile.
+
+What this does not do: it does not touch live jobs (pending, processing, paused).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from datetime import UTC, datetime, timedelta
+
+import psycopg
+
+from worker.db.driver import Driver
+from worker.db.postgres import TRANSIENT, describe
+from worker.logs import fields
+from worker.models import TERMINAL_STATUSES
+from worker.settings import Settings
+
+log = logging.getLogger("worker.daemon")
+
+PRUNE_BATCH = 1000  # jobs per statement: keeps each delete's locks short
+
+
+class Retention:
+    """Prunes finished jobs past the retention period, now and then."""
+
+    name = "retention"
+
+    def __init__(self, driver: Driver, settings: Settings) -> None:
+        self._driver = driver
+        self._settings = settings
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(self._settings.retention_interval * (0.5 + random.random()))
+            before = datetime.now(UTC) - timedelta(days=self._settings.retention_days)
+            try:
+                removed = 0
+                while True:
+                    pruned = await self._driver.prune(
+                        sorted(TERMINAL_STATUSES), before, PRUNE_BATCH
+                    )
+                    removed += pruned
+                    if pruned < PRUNE_BATCH:
+                        break
+                if removed:
+                    log.info(
+                        "retention removed %d finished jobs",
+                        removed,
+                        extra=fields("retention.pruned", removed=removed),
+                    )
+            except TRANSIENT as exc:
+                log.debug("retention skipped: %s", type(exc).__name__)
+            except psycopg.Error as exc:  # housekeeping: jobs still run; the operator is told
+                error = describe(exc)
+                log.error(
+                    "retention failed (%s); trying again next time",
+                    error,
+                    extra=fields("retention.failed", error=error),
+                )

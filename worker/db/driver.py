@@ -1,0 +1,216 @@
+"""The driver seam: every operation the daemon and the progress bus perform on the database.
+
+The daemon's parts (the local queue, the batchers, the plugins) and the events bus talk to a
+`Driver`, never to a pool or a statement. `worker.db.postgres.PostgresDriver` runs the
+statements of `worker.db.sql` over psycopg pools; `worker.db.memory.MemoryDriver` keeps the
+same guarantees in plain Python (a job claimed once, outcomes and stage writes only for the
+attempt that holds the job), for running the core without PostgreSQL.
+
+Each operation returns typed rows. Writes that are batched answer one entry per item, in the
+items' order: the item's answer, `LOCKED` when another client holds the job's row locked (it
+is still ours: try again later), or None when the job is no longer this worker's attempt's
+(it was rescued): nothing was written for it.
+
+What this does not do: it does not retry, nor decide what an outage means (see the daemon's
+`Patience`): a driver raises the transient errors its database raises.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Final, Protocol
+from uuid import UUID
+
+from worker.attempt import ClaimedJob, Outcome
+from worker.models import ProgressEvent, StageRow
+
+
+class Locked:
+    """The job's row is locked by another client: its write was skipped, to be tried again."""
+
+    def __repr__(self) -> str:
+        return "LOCKED"
+
+
+LOCKED: Final = Locked()
+
+
+@dataclass(frozen=True, slots=True)
+class Registration:
+    """A worker as `worker.workers` records it."""
+
+    id: UUID
+    hostname: str
+    pid: int
+    queues: list[str]
+    concurrency: int
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimSpec:
+    """What every claim of one worker asks, made once: its queues, its default retries, and
+    the registered pipelines with their first stages (the claim starts those)."""
+
+    worker_id: UUID
+    queues: list[str]
+    default_max_retries: int
+    pipelines: list[str]
+    first_stages: list[str]
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """How a failed attempt is retried: the default retries and the backoff's bounds."""
+
+    default_max_retries: int  # for jobs enqueued without their own
+    backoff_base: float  # seconds before the first retry; doubling with each one after
+    backoff_max: float  # the longest wait, whatever the count
+
+
+@dataclass(slots=True)
+class OutcomeWrite:
+    """The outcome of the attempt that claimed the job with `retries`."""
+
+    job_id: str
+    retries: int
+    outcome: Outcome
+
+
+@dataclass(frozen=True, slots=True)
+class RecordedOutcome:
+    """A job's status as its outcome write left it (`pending` again for a retry or snooze)."""
+
+    id: str
+    status: str
+    task: str
+    queue: str
+    retry_count: int
+    duration: float | None  # seconds since the attempt started
+
+
+@dataclass
+class StageWrite:
+    """End the stage `ended` with `status` (and `output`, JSON text, or `error`), start the
+    stage `started` (of `kind`, in `attempt`, with the cleanups `waiting` after it), or both at
+    once; for the job as claimed with `retries` (the write applies only while that attempt
+    holds it)."""
+
+    job_id: str
+    retries: int
+    ended: str | None = None
+    status: str = "completed"
+    output: str | None = None
+    error: str | None = None
+    started: str | None = None
+    kind: str = "stage"
+    attempt: int = 0
+    waiting: tuple[str, ...] = ()  # cleanups to run after `started`, recorded as waiting
+
+
+@dataclass(frozen=True, slots=True)
+class Beat:
+    """What a heartbeat found: whether the worker had to register again (it was presumed
+    dead), and the jobs it holds whose cancel was requested."""
+
+    registered_again: bool
+    cancel_requested: list[str]
+
+
+@dataclass(frozen=True, slots=True)
+class RescuedJob:
+    """A job taken back from a worker silent for a whole lease."""
+
+    id: str
+    task: str
+    queue: str
+
+
+@dataclass(slots=True)
+class EventWrite:
+    """One progress event to store; `message` is JSON text, fixed when it was published."""
+
+    job_id: str
+    step: str
+    status: str
+    message: str | None
+    created_at: datetime
+
+
+class Closable(Protocol):
+    """A subscription: `close` it to stop hearing."""
+
+    def close(self) -> None: ...
+
+
+class Driver(Protocol):
+    """The database as the daemon and the progress bus use it."""
+
+    async def open(self) -> None:
+        """Start connecting (without waiting for the database)."""
+
+    async def close(self) -> None: ...
+
+    async def confirm_reachable(self) -> None:
+        """Prove the database is back on a new session, and replace sessions from before."""
+
+    def subscribe(self, channel: str, callback: Callable[[str | None], None]) -> Closable:
+        """Call `callback(payload)` on the caller's event loop for each notification on
+        `channel` (`worker_jobs`: a queue with news; `worker_cancel`: a job id), and
+        `callback(None)` whenever some may have been missed."""
+
+    # -- liveness ---------------------------------------------------------------------------
+
+    async def register_worker(self, registration: Registration) -> None: ...
+
+    async def heartbeat(self, registration: Registration) -> Beat:
+        """Renew the worker's lease (registering it again if its row is gone)."""
+
+    async def deregister_worker(self, worker_id: UUID) -> None: ...
+
+    async def rescue(self, lease: float, still_sure: Callable[[], bool]) -> list[RescuedJob]:
+        """Take back the jobs of workers silent for `lease` seconds, if `still_sure()` holds
+        once a connection is in hand."""
+
+    # -- claims -----------------------------------------------------------------------------
+
+    async def claim(self, spec: ClaimSpec, limit: int, running: list[str]) -> list[ClaimedJob]:
+        """Up to `limit` due jobs, now this worker's; never one in `running`."""
+
+    async def release(self, worker_id: UUID, ids: list[str]) -> None:
+        """Hand jobs back to the queue without counting an attempt."""
+
+    async def held_jobs(self, worker_id: UUID) -> set[str]:
+        """The jobs the database shows as this worker's."""
+
+    # -- outcomes and stages ----------------------------------------------------------------
+
+    async def record_outcomes(
+        self, worker_id: UUID, policy: RetryPolicy, batch: Sequence[OutcomeWrite]
+    ) -> list[RecordedOutcome | Locked | None]: ...
+
+    async def write_stages(
+        self, worker_id: UUID, batch: Sequence[StageWrite]
+    ) -> list[float | Locked | None]:
+        """Each write's answer: the seconds since its started stage first started (0 if it
+        starts none)."""
+
+    async def load_stages(self, job_id: str) -> list[StageRow]: ...
+
+    async def record_final_error(
+        self, worker_id: UUID, job_id: str, retries: int, error: str
+    ) -> bool:
+        """Record that the attempt failed for good; False if the job is no longer its."""
+
+    # -- housekeeping -----------------------------------------------------------------------
+
+    async def prune(self, statuses: list[str], before: datetime, batch: int) -> int:
+        """Delete up to `batch` jobs finished before `before`; returns how many."""
+
+    # -- progress events --------------------------------------------------------------------
+
+    async def publish_events(self, batch: Sequence[EventWrite]) -> list[str]:
+        """Store the events; returns the jobs whose events were left out: they are gone."""
+
+    async def read_events(self, job_id: str, after: int, limit: int) -> list[ProgressEvent]: ...

@@ -1,0 +1,473 @@
+"""The PostgreSQL driver: the daemon's and the bus's operations over psycopg pools.
+
+`PostgresDriver` implements `worker.db.driver.Driver` with the statements of `worker.db.sql`
+on pools made by `worker.db.connect.async_pool`: one for every statement but the claim, and
+the claim loop's own connection, whose session keeps the claim's plan. Broken pooled
+connections are dropped on first use and replaced. The pool gives up each reconnection attempt
+after `RECONNECT_WINDOW` seconds, so the next statement starts a fresh attempt at once: left
+to itself, the pool's backoff keeps doubling through a long outage and would leave the worker
+idle for long after the database came back.
+
+What this does not do: it does not retry a statement, nor log an outage (the daemon's
+`Patience` does both); it raises the `TRANSIENT` errors as they come.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+import psycopg
+from psycopg.conninfo import conninfo_to_dict
+from psycopg.pq import Format
+from psycopg.types.json import set_json_loads
+from psycopg.types.string import TextLoader
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
+
+from worker.attempt import ClaimedJob
+from worker.db import sql
+from worker.db.connect import aconnect, async_pool
+from worker.db.driver import (
+    LOCKED,
+    Beat,
+    ClaimSpec,
+    EventWrite,
+    Locked,
+    OutcomeWrite,
+    RecordedOutcome,
+    Registration,
+    RescuedJob,
+    RetryPolicy,
+    StageWrite,
+)
+from worker.db.notifier import Subscription, notifier
+from worker.db.records import json_records
+from worker.logs import scrub
+from worker.models import ProgressEvent, StageRow
+
+# Errors that mean "the database is not reachable right now", as opposed to a bad statement.
+# A read-only transaction error is what a demoted primary answers during a failover.
+TRANSIENT = (
+    psycopg.OperationalError,
+    psycopg.InterfaceError,
+    psycopg.errors.ReadOnlySqlTransaction,
+    PoolTimeout,
+    OSError,
+)
+
+POOL_CAP = 16  # connections per worker process, whatever its concurrency
+POOL_WAIT = 5.0  # seconds a statement waits for a pooled connection before it is retried
+RECONNECT_WINDOW = 3.0  # seconds the pool keeps retrying one reconnection before giving up
+
+
+def pool_size(concurrency: int) -> int:
+    """Connections the daemon may open (its pool and the claim loop's) for a given
+    `WORKER_CONCURRENCY`.
+
+    A running job holds no connection (see `Worker`): the claim loop, the completer and the
+    duties need one each, stage bookkeeping a few more. Capped, so that many busy workers do
+    not exhaust the server's `max_connections`.
+
+    >>> pool_size(1), pool_size(10), pool_size(1000)
+    (4, 8, 16)
+    """
+    return min(3 + max(1, concurrency // 2), POOL_CAP)
+
+
+class UnreadableJSON:
+    """Stands in for a JSON value this process cannot decode (nested too deeply for Python).
+
+    PostgreSQL accepts JSON nested thousands of levels deep; Python's decoder stops near its
+    recursion limit (about 1000). A job carrying such a value fails with a clear error instead
+    of taking the claim of every other job down with it.
+    """
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+    def __repr__(self) -> str:
+        return f"UnreadableJSON({self.reason!r})"
+
+
+def _loads(data: str | bytes) -> Any:
+    try:
+        return json.loads(data)
+    except RecursionError:
+        return UnreadableJSON("it is nested more deeply than Python's JSON decoder allows")
+
+
+# Ids are read as text: the daemon only passes them on (as keys, log fields, parameters), and a
+# UUID object built per id, then turned back into text several times, costs more than the rest
+# of reading the row. (The text loader psycopg uses itself: its C one, when installed.)
+_TEXT_LOADER = (
+    psycopg.adapters.get_loader(psycopg.adapters.types["text"].oid, Format.TEXT) or TextLoader
+)
+
+
+async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:
+    set_json_loads(_loads, conn)
+    conn.adapters.register_loader("uuid", _TEXT_LOADER)
+
+
+class _PoolNoise(logging.Filter):
+    """Keeps the pool's per-attempt connection warnings out of the log, remembering the last
+    connection error so the outage line can name the cause."""
+
+    last_error: str | None = None
+    last_error_at = 0.0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.ERROR:
+            return True
+        if str(record.msg).startswith("error connecting") and len(record.args or ()) >= 2:
+            args = record.args
+            assert isinstance(args, tuple)
+            _PoolNoise.last_error = str(args[1]).strip().splitlines()[0]
+            _PoolNoise.last_error_at = time.monotonic()
+        return False
+
+
+_pool_logger = logging.getLogger("psycopg.pool")
+if not any(isinstance(f, _PoolNoise) for f in _pool_logger.filters):
+    _pool_logger.addFilter(_PoolNoise())
+
+
+async def _configure_claims(conn: psycopg.AsyncConnection[Any]) -> None:
+    await _configure(conn)
+    # The claim is planned once per session, not once per claim. Left to choose, PostgreSQL
+    # plans it anew every time (planning it costs as much as running it): its plan for
+    # "LIMIT n" looks cheaper than one for any limit. The claim is written so that the
+    # plan for any limit makes the same index probes (see `sql._CLAIMED`).
+    await conn.execute("SET plan_cache_mode = force_generic_plan")
+
+
+def make_pool(url: str, concurrency: int) -> AsyncConnectionPool:
+    """The pool of every statement but the claim: `pool_size(concurrency)` less the claim's."""
+    size = pool_size(concurrency) - 1
+    return _pool(url, min(2, size), size, _configure, "worker")
+
+
+def claim_pool(url: str) -> AsyncConnectionPool:
+    """The claim loop's own connection: its session keeps the claim's plan."""
+    return _pool(url, 1, 1, _configure_claims, "worker-claims")
+
+
+def _pool(
+    url: str,
+    min_size: int,
+    max_size: int,
+    configure: Callable[[psycopg.AsyncConnection[Any]], Awaitable[None]],
+    name: str,
+) -> AsyncConnectionPool:
+    # Named "durable-worker" whichever pool: operators and the tests find the daemon's
+    # sessions by that name; the pool's own name tells them apart in its logs.
+    pool = async_pool(
+        url,
+        "durable-worker",
+        min_size=min_size,
+        max_size=max_size,
+        configure=configure,
+        timeout=POOL_WAIT,
+        reconnect_timeout=RECONNECT_WINDOW,
+    )
+    pool.name = name
+    return pool
+
+
+def describe(exc: BaseException) -> str:
+    """One line saying why the database could not be used, without secrets."""
+    if isinstance(exc, PoolTimeout):
+        recent = time.monotonic() - _PoolNoise.last_error_at < 60
+        if recent and _PoolNoise.last_error:
+            return f"cannot connect: {scrub(_PoolNoise.last_error)}"
+        return "no connection available in time"
+    lines = str(exc).strip().splitlines()
+    detail = f": {scrub(lines[0])}" if lines else ""
+    return f"{type(exc).__name__}{detail}"
+
+
+class Refused(psycopg.DataError):
+    """PostgreSQL refused a statement for a value past one of its limits (a JSON string over
+    256 MB, say). Its own error class is an `OperationalError`, as an outage's is: retried like
+    one, the statement would be refused forever and hold up everything written with it."""
+
+
+async def fetch(
+    pool: AsyncConnectionPool,
+    query: str,
+    params: dict[str, Any],
+) -> list[tuple[Any, ...]]:
+    async with pool.connection() as conn:
+        try:
+            cur = await conn.execute(query, params)
+        except psycopg.errors.ProgramLimitExceeded as exc:
+            raise Refused(str(exc).strip()) from exc
+        # `rownumber` is None without a result set; `description` would build its columns.
+        return await cur.fetchall() if cur.rownumber is not None else []
+
+
+def _event_record(e: EventWrite) -> str:
+    """The event as a JSON object for `sql.PUBLISH_EVENTS`, put together directly: a pipeline
+    job publishes several events, and this costs a fraction of encoding a dict per event."""
+    message = "" if e.message is None else f',"message":{e.message}'
+    return (
+        f'{{"job_id":{_text(e.job_id)},"step":{_text(e.step)},"status":{_text(e.status)},'
+        f'"created_at":"{e.created_at.isoformat()}"{message}}}'
+    )
+
+
+_text = json.JSONEncoder(ensure_ascii=False).encode
+
+EVENTS_APPLICATION_NAME = "durable-worker-events"
+# The database refused some event (a job deleted meanwhile, a value it cannot store, a message
+# past jsonb's size limit: an OperationalError by its class, but no outage).
+EVENTS_REFUSED = (psycopg.IntegrityError, psycopg.DataError, psycopg.errors.ProgramLimitExceeded)
+
+
+LISTENER_NAME = "durable-worker-listener"
+
+
+def listener_name(url: str) -> str:
+    """The listening session's name: the one the operator gave every session of the process
+    (`application_name` in the URL, or `PGAPPNAME`), else `LISTENER_NAME`."""
+    given = conninfo_to_dict(url).get("application_name") or os.environ.get("PGAPPNAME")
+    return str(given) if given else LISTENER_NAME
+
+
+class PostgresDriver:
+    """`worker.db.driver.Driver` on PostgreSQL. The daemon's pools are made at once and opened
+    by `open`; the bus's connections (one writer, a small pool of readers) on first use."""
+
+    def __init__(self, url: str, concurrency: int = 1, *, events_readers: int = 4) -> None:
+        self.url = url
+        self.pool: AsyncConnectionPool[Any] = make_pool(url, concurrency)
+        self.claims: AsyncConnectionPool[Any] = claim_pool(url)
+        self.events_connection: psycopg.AsyncConnection[Any] | None = None
+        self._events_readers: AsyncConnectionPool[Any] | None = None
+        self._events_readers_size = events_readers
+
+    async def open(self) -> None:
+        await self.pool.open(wait=False)
+        await self.claims.open(wait=False)
+
+    async def close(self) -> None:
+        if self._events_readers is not None:
+            await self._events_readers.close()
+            self._events_readers = None
+        if self.events_connection is not None:
+            await self.events_connection.close()
+            self.events_connection = None
+        await self.claims.close()
+        await self.pool.close()
+
+    async def confirm_reachable(self) -> None:
+        # A new session is the proof: a server shutting down still answers on sessions it has
+        # not cut yet, but accepts no new ones. Then sessions idle in the pool since before the
+        # outage, likely dead, are replaced rather than left to fail the next statements.
+        async with await aconnect(self.url, "durable-worker", autocommit=False):
+            pass
+        await self.pool.check()
+        await self.claims.check()
+
+    def subscribe(self, channel: str, callback: Callable[[str | None], None]) -> Subscription:
+        # The process's one LISTEN connection; it logs its own losses and reconnections.
+        return notifier(self.url, listener_name(self.url)).subscribe_async(channel, callback)
+
+    # -- liveness ---------------------------------------------------------------------------
+
+    async def register_worker(self, registration: Registration) -> None:
+        await fetch(self.pool, sql.REGISTER_WORKER, _registration(registration))
+
+    async def heartbeat(self, registration: Registration) -> Beat:
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(sql.HEARTBEAT, {"id": registration.id})
+            again = cur.rowcount == 0
+            if again:
+                await conn.execute(sql.REGISTER_WORKER, _registration(registration))
+            cur = await conn.execute(sql.CANCEL_REQUESTED, {"worker_id": registration.id})
+            return Beat(again, [job_id for (job_id,) in await cur.fetchall()])
+
+    async def deregister_worker(self, worker_id: UUID) -> None:
+        await fetch(self.pool, sql.DEREGISTER_WORKER, {"id": worker_id})
+
+    async def rescue(self, lease: float, still_sure: Callable[[], bool]) -> list[RescuedJob]:
+        async with self.pool.connection() as conn:
+            if not still_sure():
+                return []
+            cur = await conn.execute(sql.RESCUE, {"lease": lease})
+            rows = await cur.fetchall()
+        return [RescuedJob(job_id, task, queue) for job_id, task, queue, _ in rows]
+
+    # -- claims -----------------------------------------------------------------------------
+
+    async def claim(self, spec: ClaimSpec, limit: int, running: list[str]) -> list[ClaimedJob]:
+        statement = sql.CLAIM_ONE_QUEUE if len(spec.queues) == 1 else sql.CLAIM
+        params = {
+            "queues": spec.queues,
+            "limit": limit,
+            "worker_id": spec.worker_id,
+            "default_max_retries": spec.default_max_retries,
+            "running": running,
+            "pipelines": spec.pipelines,
+            "first_stages": spec.first_stages,
+        }
+        return [ClaimedJob(*row) for row in await fetch(self.claims, statement, params)]
+
+    async def release(self, worker_id: UUID, ids: list[str]) -> None:
+        await fetch(self.pool, sql.RELEASE, {"worker_id": worker_id, "ids": ids})
+
+    async def held_jobs(self, worker_id: UUID) -> set[str]:
+        return {row[0] for row in await fetch(self.pool, sql.HELD_JOBS, {"worker_id": worker_id})}
+
+    # -- outcomes and stages ----------------------------------------------------------------
+
+    async def record_outcomes(
+        self, worker_id: UUID, policy: RetryPolicy, batch: Sequence[OutcomeWrite]
+    ) -> list[RecordedOutcome | Locked | None]:
+        outcomes = json_records(
+            (
+                {
+                    "id": w.job_id,
+                    "retries": w.retries,
+                    "outcome": o.kind,
+                    "error": o.error,
+                    "delay": o.delay,
+                    "stage": o.stage_end.stage if o.stage_end else None,
+                    "stage_status": o.stage_end.status if o.stage_end else None,
+                },
+                {
+                    "result": o.result_json,
+                    "stage_output": o.stage_end.output if o.stage_end else None,
+                },
+            )
+            for w in batch
+            for o in (w.outcome,)
+        )
+        rows = await fetch(
+            self.pool,
+            sql.RECORD_OUTCOMES,
+            {
+                "outcomes": outcomes,
+                "worker_id": worker_id,
+                "default_max_retries": policy.default_max_retries,
+                "backoff_base": policy.backoff_base,
+                "backoff_max": policy.backoff_max,
+            },
+        )
+        # A NULL status: the job is ours, but its row was locked. No row: no longer ours.
+        answers: dict[str, RecordedOutcome | Locked] = {
+            job_id: LOCKED
+            if status is None
+            else RecordedOutcome(
+                job_id, status, task, queue, retries, None if duration is None else float(duration)
+            )
+            for job_id, status, task, queue, retries, duration, _ in rows
+        }
+        return [answers.get(w.job_id) for w in batch]
+
+    async def write_stages(
+        self, worker_id: UUID, batch: Sequence[StageWrite]
+    ) -> list[float | Locked | None]:
+        writes = json_records(
+            (
+                {
+                    "n": n,
+                    "job": w.job_id,
+                    "retries": w.retries,
+                    "ended": w.ended,
+                    "status": w.status,
+                    "error": w.error,
+                    "started": w.started,
+                    "kind": w.kind,
+                    "attempt": w.attempt,
+                },
+                {"output": w.output, "waiting": json.dumps(w.waiting) if w.waiting else None},
+            )
+            for n, w in enumerate(batch)
+        )
+        rows = await fetch(self.pool, sql.STAGE_WRITES, {"writes": writes, "worker_id": worker_id})
+        # A NULL age: the job is ours, but its row was locked. No row: no longer ours.
+        ages: dict[int, float | Locked] = {
+            n: LOCKED if age is None else float(age) for n, age in rows
+        }
+        return [ages.get(n) for n in range(len(batch))]
+
+    async def load_stages(self, job_id: str) -> list[StageRow]:
+        rows = await fetch(self.pool, sql.GET_STAGES, {"id": job_id})
+        return [StageRow(r[0], r[1], r[2], r[3], r[4], r[5]) for r in rows]
+
+    async def record_final_error(
+        self, worker_id: UUID, job_id: str, retries: int, error: str
+    ) -> bool:
+        params = {"id": job_id, "error": error, "worker_id": worker_id, "retries": retries}
+        return bool(await fetch(self.pool, sql.RECORD_FINAL_ERROR, params))
+
+    # -- housekeeping -----------------------------------------------------------------------
+
+    async def prune(self, statuses: list[str], before: datetime, batch: int) -> int:
+        async with self.pool.connection() as conn:
+            params = {"statuses": statuses, "before": before, "batch": batch}
+            cur = await conn.execute(sql.PRUNE_BATCH, params)
+        return int(cur.rowcount)
+
+    # -- progress events --------------------------------------------------------------------
+
+    async def publish_events(self, batch: Sequence[EventWrite]) -> list[str]:
+        if self.events_connection is None or self.events_connection.closed:
+            self.events_connection = await aconnect(self.url, EVENTS_APPLICATION_NAME)
+        events = f"[{','.join(map(_event_record, batch))}]"
+        try:
+            cur = await self.events_connection.execute(sql.PUBLISH_EVENTS, {"events": events})
+            row = await cur.fetchone()
+        except EVENTS_REFUSED:
+            raise
+        except Exception:
+            # The connection may be broken: the next write opens another.
+            await self.events_connection.close()
+            self.events_connection = None
+            raise
+        return list(row[1] or ()) if row else []
+
+    async def read_events(self, job_id: str, after: int, limit: int) -> list[ProgressEvent]:
+        if self._events_readers is None:
+            self._events_readers = async_pool(
+                self.url,
+                EVENTS_APPLICATION_NAME,
+                min_size=1,
+                max_size=self._events_readers_size,
+                timeout=10.0,
+                reconnect_timeout=float("inf"),
+            )
+            await self._events_readers.open(wait=False)
+        async with self._events_readers.connection() as conn:
+            cur = await conn.execute(
+                sql.READ_EVENTS, {"job_id": job_id, "after": after, "limit": limit}
+            )
+            rows = await cur.fetchall()
+        return [
+            ProgressEvent(
+                id=row[0],
+                job_id=str(row[1]),
+                step=row[2],
+                status=row[3],
+                message=row[4],
+                created_at=row[5],
+            )
+            for row in rows
+        ]
+
+
+def _registration(r: Registration) -> dict[str, Any]:
+    return {
+        "id": r.id,
+        "hostname": r.hostname,
+        "pid": r.pid,
+        "queues": r.queues,
+        "concurrency": r.concurrency,
+    }
