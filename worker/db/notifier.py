@@ -94,7 +94,8 @@ class Notifier:
 
     def __init__(self, url: str, name: str) -> None:
         self.url = url
-        self.name = name  # the connection's application_name, to find it in pg_stat_activity
+        # The session's name in pg_stat_activity, unless the URL or PGAPPNAME names it.
+        self.name = name
         self._lock = threading.Lock()
         self._subscriptions: dict[int, Subscription] = {}
         self._tokens = itertools.count()
@@ -168,7 +169,7 @@ class Notifier:
         lost: str | None = None
         while True:
             try:
-                with connect(self.url, self.name, application_name=self.name) as conn:
+                with connect(self.url, self.name) as conn:
                     if lost is not None:
                         log.info("listener reconnected", extra=fields("listener.reconnected"))
                         lost = None

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
@@ -24,7 +23,6 @@ from typing import Any
 from uuid import UUID
 
 import psycopg
-from psycopg.conninfo import conninfo_to_dict
 from psycopg.pq import Format
 from psycopg.types.json import set_json_loads
 from psycopg.types.string import TextLoader
@@ -230,14 +228,8 @@ EVENTS_APPLICATION_NAME = "durable-worker-events"
 EVENTS_REFUSED = (psycopg.IntegrityError, psycopg.DataError, psycopg.errors.ProgramLimitExceeded)
 
 
+# The listening session's name, unless the operator named the process's sessions.
 LISTENER_NAME = "durable-worker-listener"
-
-
-def listener_name(url: str) -> str:
-    """The listening session's name: the one the operator gave every session of the process
-    (`application_name` in the URL, or `PGAPPNAME`), else `LISTENER_NAME`."""
-    given = conninfo_to_dict(url).get("application_name") or os.environ.get("PGAPPNAME")
-    return str(given) if given else LISTENER_NAME
 
 
 class PostgresDriver:
@@ -277,7 +269,7 @@ class PostgresDriver:
 
     def subscribe(self, channel: str, callback: Callable[[str | None], None]) -> Subscription:
         # The process's one LISTEN connection; it logs its own losses and reconnections.
-        return notifier(self.url, listener_name(self.url)).subscribe_async(channel, callback)
+        return notifier(self.url, LISTENER_NAME).subscribe_async(channel, callback)
 
     # -- liveness ---------------------------------------------------------------------------
 

@@ -38,7 +38,7 @@ from typing import Any
 from worker.db.batcher import Batcher, Verdict
 from worker.db.driver import EventWrite
 from worker.db.notifier import Subscription, notifier
-from worker.db.postgres import EVENTS_REFUSED, PostgresDriver, listener_name
+from worker.db.postgres import EVENTS_REFUSED, LISTENER_NAME, PostgresDriver
 from worker.models import ProgressEvent
 
 log = logging.getLogger("worker.events")
@@ -213,7 +213,7 @@ class PostgresBus:
 
     def _subscribe(self) -> None:
         if self._subscription is None:
-            listener = notifier(self.url, listener_name(self.url))
+            listener = notifier(self.url, LISTENER_NAME)
             self._subscription = listener.subscribe_async(CHANNEL, self._notified)
 
     def _notified(self, job_id: str | None) -> None:
