@@ -1,9 +1,9 @@
-"""One attempt at a job: what the claim hands the runner, and what the runner hands back.
+"""One attempt at a job: what runs it, and how user code is called within its deadline.
 
 The claim produces a `ClaimedJob`; a `Task` or a `Pipeline` (an `Executable`) turns it into an
-`Outcome`, which the daemon's outcome batcher writes. User code runs through `call`, which
-keeps sync code in a worker thread and holds it to the job's deadline. Nothing here touches
-the database.
+`Outcome` (both in `worker.models`), which the daemon's outcome batcher writes. User code runs
+through `call`, which keeps sync code in a worker thread and holds it to the job's deadline.
+Nothing here touches the database.
 """
 
 from __future__ import annotations
@@ -12,78 +12,13 @@ import asyncio
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Protocol
-
-from worker.models import ProgressEvent, StageStatus
 
 if TYPE_CHECKING:
     from worker.events import ProgressBus
     from worker.tasks import Context
 
-JSON = Any
-
-
-class OutcomeKind(StrEnum):
-    """How an attempt ended, as `sql.RECORD_OUTCOMES` maps it onto the job's status."""
-
-    COMPLETED = "completed"
-    RETRY = "retry"  # pending after a backoff while retries remain, else failed
-    FAILED = "failed"
-    CANCELLED = "cancelled"
-    PAUSED = "paused"
-    SNOOZED = "snoozed"  # pending again after a delay, not counted as a retry
-
-
-@dataclass
-class ClaimedJob:
-    """A job as the claim returned it."""
-
-    id: str
-    task: str
-    payload: dict[str, JSON]
-    queue: str
-    priority: int
-    retry_count: int
-    max_retries: int
-    cancel_requested: bool
-    answer: JSON
-    last_error: str | None
-    # An earlier claim of this attempt failed for good, then was lost in its cleanups.
-    final_error: str | None
-    # The claim recorded the first stage of this pipeline job as running: its first run, so
-    # it has no other stage rows (see `sql.CLAIM`).
-    first_stage_started: bool = False
-
-    @property
-    def attempt(self) -> int:
-        return self.retry_count + 1
-
-
-@dataclass
-class Outcome:
-    """How an attempt ended, as the completer writes it (see `sql.RECORD_OUTCOMES`)."""
-
-    kind: OutcomeKind
-    result: JSON = None
-    # `result` as the JSON text stored, when the runner has encoded it already.
-    result_json: str | None = None
-    error: str | None = None
-    delay: float = 0.0
-    # A pipeline stage that ended with the attempt, recorded with the outcome (one commit).
-    stage_end: StageEnd | None = None
-    # Progress events that report this outcome: published once it is written, never before.
-    events: list[ProgressEvent] = field(default_factory=list)
-
-
-@dataclass
-class StageEnd:
-    """How a pipeline stage ended, when that is written with its job's outcome."""
-
-    stage: str
-    status: StageStatus  # completed, or failed or cancelled (then the job's error)
-    output: str | None = None  # JSON text, for a completed stage
+from worker.models import ClaimedJob, Outcome, OutcomeKind
 
 
 class Runtime(Protocol):

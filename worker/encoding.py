@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
 
-JSON = Any
+from worker.models import JSON
 
 
 class NotStorable(TypeError):

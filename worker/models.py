@@ -1,13 +1,16 @@
-"""Value types shared by every layer: job and stage statuses, and progress events."""
+"""Value types shared by every layer: statuses, stage rows, progress events, and what one
+attempt at a job starts from (`ClaimedJob`) and ends with (`Outcome`)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
+
+JSON = Any  # a value JSON can hold
 
 
 class JobStatus(StrEnum):
@@ -85,3 +88,64 @@ class ProgressEvent(BaseModel):
     message: dict[str, Any] | None = None
     id: int = 0
     created_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
+
+
+class OutcomeKind(StrEnum):
+    """How an attempt ended, as `sql.RECORD_OUTCOMES` maps it onto the job's status."""
+
+    COMPLETED = "completed"
+    RETRY = "retry"  # pending after a backoff while retries remain, else failed
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    PAUSED = "paused"
+    SNOOZED = "snoozed"  # pending again after a delay, not counted as a retry
+
+
+@dataclass
+class ClaimedJob:
+    """A job as the claim returned it."""
+
+    id: str
+    task: str
+    payload: dict[str, JSON]
+    queue: str
+    priority: int
+    retry_count: int
+    max_retries: int
+    cancel_requested: bool
+    answer: JSON
+    last_error: str | None
+    # An earlier claim of this attempt failed for good, then was lost in its cleanups.
+    final_error: str | None
+    # The claim recorded the first stage of this pipeline job as running: its first run, so
+    # it has no other stage rows (see `sql.CLAIM`).
+    first_stage_started: bool = False
+
+    @property
+    def attempt(self) -> int:
+        return self.retry_count + 1
+
+
+@dataclass
+class Outcome:
+    """How an attempt ended, as the completer writes it (see `sql.RECORD_OUTCOMES`)."""
+
+    kind: OutcomeKind
+    result: JSON = None
+    # `result` as the JSON text stored, when the runner has encoded it already.
+    result_json: str | None = None
+    error: str | None = None
+    delay: float = 0.0
+    # A pipeline stage that ended with the attempt, recorded with the outcome (one commit).
+    stage_end: StageEnd | None = None
+    # Progress events that report this outcome: published once it is written, never before.
+    events: list[ProgressEvent] = field(default_factory=list)
+
+
+@dataclass
+class StageEnd:
+    """How a pipeline stage ended, when that is written with its job's outcome."""
+
+    stage: str
+    status: StageStatus  # completed, or failed or cancelled (then the job's error)
+    output: str | None = None  # JSON text, for a completed stage

@@ -18,19 +18,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, TypeVar, overload
 
-from worker.attempt import (
-    JSON,
-    ClaimedJob,
-    Executable,
-    Outcome,
-    OutcomeKind,
-    Runtime,
-    abandoned_here,
-    call,
-    settled_before_start,
-)
+from worker.attempt import Executable, Runtime, abandoned_here, call, settled_before_start
 from worker.encoding import dumps
-from worker.models import EventStatus, ProgressEvent
+from worker.models import JSON, ClaimedJob, EventStatus, Outcome, OutcomeKind, ProgressEvent
 
 F = TypeVar("F", bound=Callable[..., Any])
 

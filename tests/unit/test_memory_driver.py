@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import uuid
 
-from worker.attempt import Outcome, OutcomeKind
 from worker.db.driver import (
     LOCKED,
     ClaimSpec,
@@ -16,7 +15,7 @@ from worker.db.driver import (
     StageWrite,
 )
 from worker.db.memory import MemoryDriver
-from worker.models import JobStatus
+from worker.models import JobStatus, Outcome, OutcomeKind
 
 POLICY = RetryPolicy(default_max_retries=3, backoff_base=0.0, backoff_max=0.0)
 

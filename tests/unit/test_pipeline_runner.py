@@ -12,9 +12,8 @@ import itertools
 import threading
 from typing import Any
 
-from worker.attempt import ClaimedJob, Outcome, OutcomeKind
 from worker.encoding import NotStorable
-from worker.models import StageStatus
+from worker.models import ClaimedJob, Outcome, OutcomeKind, StageStatus
 from worker.stages import MemoryRuntime, MemoryStageStore, Pipeline, StageRow, run_attempt
 from worker.stages.endings import ENDINGS, Ended, Ending, StageDeadlineExceeded
 from worker.tasks import JobCancelled, PauseForResolution, Snooze

@@ -49,7 +49,7 @@ from worker.client.waiting import (
     WAIT_RECHECK_SECONDS,
 )
 from worker.ids import new_job_id, new_job_ids
-from worker.models import TERMINAL_STATUSES, JobStatus
+from worker.models import JSON, TERMINAL_STATUSES, JobStatus
 
 __all__ = [
     "LISTENER_NAME",
@@ -81,8 +81,6 @@ __all__ = [
     "run_at_problem",
     "text_problem",
 ]
-
-JSON = Any
 
 _default: Client | None = None
 

@@ -40,10 +40,8 @@ from worker.db.connect import async_engine
 from worker.db.direct_async import AsyncDirectWrites
 from worker.db.url import database_url, psycopg_url
 from worker.ids import new_job_id
-from worker.models import TERMINAL_STATUSES, JobStatus
+from worker.models import JSON, TERMINAL_STATUSES, JobStatus
 from worker.settings import get_settings
-
-JSON = Any
 
 
 class AsyncClient:

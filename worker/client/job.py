@@ -20,13 +20,11 @@ from sqlalchemy import Row
 from worker.client.errors import JobCancelledError, JobFailed, JobNotFound
 from worker.client.validation import JobSpec
 from worker.client.waiting import deadline_of
-from worker.models import JobStatus, StageStatus
+from worker.models import JSON, JobStatus, StageStatus
 
 if TYPE_CHECKING:
     from worker.client._async import AsyncClient
     from worker.client._sync import Client
-
-JSON = Any
 
 
 @dataclass

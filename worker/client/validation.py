@@ -20,10 +20,8 @@ from uuid import UUID
 from worker.client.errors import InvalidJob, JobNotFound
 from worker.encoding import NotStorable, dumps
 from worker.ids import job_id_text, new_job_ids
-from worker.models import TERMINAL_STATUSES, JobStatus
+from worker.models import JSON, TERMINAL_STATUSES, JobStatus
 from worker.schema import MAX_TASK_NAME, PRIORITY_RANGE
-
-JSON = Any
 
 # What the columns hold: `max_retries` is a 4-byte integer, and a time a job is due must be
 # one Python can read back (years 1 to 9999), or every listing that shows the job fails.

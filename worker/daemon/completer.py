@@ -20,11 +20,10 @@ from uuid import UUID
 
 import psycopg
 
-from worker.attempt import Outcome, OutcomeKind, StageEnd
 from worker.daemon.db import LockWaits, Patience
 from worker.db.batcher import Batcher, Verdict
 from worker.db.driver import Driver, Locked, OutcomeWrite, RecordedOutcome, RetryPolicy
-from worker.models import ProgressEvent, StageStatus
+from worker.models import Outcome, OutcomeKind, ProgressEvent, StageEnd, StageStatus
 from worker.settings import Settings
 
 log = logging.getLogger("worker.jobs")

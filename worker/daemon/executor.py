@@ -22,21 +22,12 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from worker.attempt import (
-    ClaimedJob,
-    Executable,
-    Outcome,
-    OutcomeKind,
-    Runtime,
-    StageEnd,
-    TaskTimeout,
-    settled_before_start,
-)
+from worker.attempt import Executable, Runtime, TaskTimeout, settled_before_start
 from worker.daemon.stage_store import JobLost, storable_text
 from worker.db.postgres import UnreadableJSON
 from worker.encoding import NotStorable, dumps
 from worker.logs import fields
-from worker.models import StageStatus
+from worker.models import ClaimedJob, Outcome, OutcomeKind, StageEnd, StageStatus
 from worker.settings import Settings
 from worker.stages import Pipeline
 from worker.tasks import Context, JobCancelled, PauseForResolution, Snooze

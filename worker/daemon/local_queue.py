@@ -30,12 +30,13 @@ from collections.abc import Callable, Mapping
 from enum import StrEnum
 from uuid import UUID
 
-from worker.attempt import ClaimedJob, Executable, Outcome
+from worker.attempt import Executable
 from worker.daemon.db import Patience
 from worker.daemon.executor import Executor
 from worker.db.driver import ClaimSpec, Driver
 from worker.db.postgres import TRANSIENT
 from worker.logs import fields
+from worker.models import ClaimedJob, Outcome
 from worker.settings import Settings
 from worker.stages import Pipeline
 

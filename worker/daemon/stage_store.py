@@ -14,13 +14,12 @@ from collections.abc import Sequence
 from typing import Any
 from uuid import UUID
 
-from worker.attempt import ClaimedJob
 from worker.daemon.db import Patience
 from worker.daemon.stage_writes import StageWrites
 from worker.db.driver import Driver, StageWrite
 from worker.db.postgres import Refused
 from worker.encoding import NotStorable
-from worker.models import StageRow
+from worker.models import ClaimedJob, StageRow
 
 
 def storable_text(text: str) -> str:

@@ -23,8 +23,7 @@ from datetime import datetime
 from typing import Final, Protocol
 from uuid import UUID
 
-from worker.attempt import ClaimedJob, Outcome
-from worker.models import ProgressEvent, StageRow
+from worker.models import ClaimedJob, Outcome, ProgressEvent, StageRow
 
 
 class Locked:

@@ -31,9 +31,16 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from uuid import UUID
 
-from worker.attempt import ClaimedJob, OutcomeKind
 from worker.db.driver import LOCKED, Beat, Locked, RecordedOutcome, RescuedJob
-from worker.models import JobStatus, ProgressEvent, StageKind, StageRow, StageStatus
+from worker.models import (
+    ClaimedJob,
+    JobStatus,
+    OutcomeKind,
+    ProgressEvent,
+    StageKind,
+    StageRow,
+    StageStatus,
+)
 from worker.stages.memory import MemoryStageStore
 
 if TYPE_CHECKING:

@@ -28,7 +28,6 @@ from psycopg.types.json import set_json_loads
 from psycopg.types.string import TextLoader
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from worker.attempt import ClaimedJob
 from worker.db import sql
 from worker.db.connect import aconnect, async_pool
 from worker.db.driver import (
@@ -47,7 +46,7 @@ from worker.db.driver import (
 from worker.db.notifier import Subscription, notifier
 from worker.db.records import json_records
 from worker.logs import scrub
-from worker.models import ProgressEvent, StageRow
+from worker.models import ClaimedJob, ProgressEvent, StageRow
 
 # Errors that mean "the database is not reachable right now", as opposed to a bad statement.
 # A read-only transaction error is what a demoted primary answers during a failover.

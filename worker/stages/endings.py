@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
-from worker.attempt import JSON, OutcomeKind, call
+from worker.attempt import call
 from worker.encoding import NotStorable
-from worker.models import EventStatus, StageStatus
+from worker.models import JSON, EventStatus, OutcomeKind, StageStatus
 from worker.tasks import Context, JobCancelled, PauseForResolution, Snooze
 
 if TYPE_CHECKING:

@@ -26,9 +26,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from worker.attempt import JSON, ClaimedJob, Outcome
 from worker.events import MemoryBus, ProgressBus
-from worker.models import StageKind, StageRow, StageStatus
+from worker.models import JSON, ClaimedJob, Outcome, StageKind, StageRow, StageStatus
 from worker.tasks import Context
 
 if TYPE_CHECKING:

@@ -53,8 +53,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, TypeVar, overload
 
-from worker.attempt import JSON, Outcome
-from worker.models import StageKind, StageRow
+from worker.models import JSON, Outcome, StageKind, StageRow
 from worker.schema import MAX_TASK_NAME
 from worker.stages import runner
 from worker.stages.store import UNFINISHED

@@ -34,17 +34,19 @@ from collections.abc import Awaitable, Callable, Sequence
 from enum import StrEnum
 from typing import TYPE_CHECKING, Protocol, cast
 
-from worker.attempt import (
+from worker.attempt import Runtime, settled_before_start
+from worker.encoding import NotStorable, dumps
+from worker.models import (
     JSON,
     ClaimedJob,
+    EventStatus,
     Outcome,
     OutcomeKind,
-    Runtime,
     StageEnd,
-    settled_before_start,
+    StageKind,
+    StageRow,
+    StageStatus,
 )
-from worker.encoding import NotStorable, dumps
-from worker.models import EventStatus, StageKind, StageRow, StageStatus
 from worker.stages.endings import ENDINGS, Ended, Ending, invoke, short_error, traceback_text
 from worker.stages.store import OPEN, StageStore
 from worker.tasks import Context

@@ -11,8 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from worker.attempt import JSON, ClaimedJob
-from worker.models import StageRow, StageStatus
+from worker.models import JSON, ClaimedJob, StageRow, StageStatus
 
 # Stage rows still open: a stage that was running, snoozing or waiting for an answer.
 OPEN = frozenset({StageStatus.RUNNING, StageStatus.SNOOZED, StageStatus.PAUSED})
