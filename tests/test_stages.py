@@ -15,8 +15,9 @@ import time
 from typing import Any
 
 import pytest
-from support import Processes, effects, insert_stage, query, status_of, wait_for
+from support import Processes, effects, insert_job, insert_stage, query, status_of, wait_for
 from support import wait_for_status as wait_status
+from support.owed import OWED_CLEANUP_CASES
 
 from worker import Client, InvalidTransition, Job, JobNotFound, JobStatus, Pipeline
 from worker.events import PostgresBus
@@ -163,9 +164,9 @@ def test_cancel_seen_as_a_snoozed_stage_is_taken_up_again_closes_that_stage(
     real_load = daemon_loop.PgStageStore.load
     cancelled: list[JobStatus] = []
 
-    async def load(store: Any, job_id: str) -> list[Any]:
-        rows = await real_load(store, job_id)
-        if any(row.status == "snoozed" for row in rows) and not cancelled:
+    async def load(store: Any, job_id: str) -> Any:
+        history = await real_load(store, job_id)
+        if any(row.status == "snoozed" for row in history.rows) and not cancelled:
             # The job is processing again: the cancel only asks, by NOTIFY to this worker.
             cancelled.append(await asyncio.to_thread(client.cancel, job_id))
             await asyncio.to_thread(
@@ -177,7 +178,7 @@ def test_cancel_seen_as_a_snoozed_stage_is_taken_up_again_closes_that_stage(
                 ),
             )
             await asyncio.sleep(0.5)  # the NOTIFY reaches the worker's listener
-        return rows
+        return history
 
     monkeypatch.setattr(daemon_loop.PgStageStore, "load", load)
 
@@ -734,3 +735,18 @@ def test_owed_cleanup_still_runs_after_a_manual_retry_and_a_kill(
     row = job_row(database_url, job.job_id)
     assert "was lost" in row["error"]
     assert stages(database_url, job.job_id)["long_wait"]["status"] == "failed"
+
+
+@pytest.mark.parametrize(
+    ("history", "owed"),
+    [pytest.param(rows, owed, id=name) for name, rows, owed in OWED_CLEANUP_CASES],
+)
+def test_the_attempt_that_owes_its_cleanup_is_known_to_the_database(database_url, history, owed):
+    job_id = insert_job(database_url, "pipe", status="paused")
+    for stage, kind, status, attempt in history:
+        insert_stage(database_url, job_id, stage, status, attempt, kind=kind)
+    found = query(database_url, "SELECT worker.owed_cleanup_attempt(%s)", (job_id,))[0][0]
+    assert found == owed
+    # A cancel reads the same rule: a job that owes a cleanup goes back to a worker for it.
+    Client(database_url).cancel(job_id)
+    assert status_of(database_url, job_id) == ("pending" if owed else "cancelled")

@@ -69,6 +69,16 @@ class StageRow:
         self.status = StageStatus(self.status)
 
 
+@dataclass
+class StageHistory:
+    """A job's stage rows as a resuming worker reads them (`StageStore.load`), in the order
+    they ran, and the attempt whose `ALL_DONE` cleanups are owed, if one is: it ran a stage
+    but did not finish every cleanup (`worker.owed_cleanup_attempt` in SQL)."""
+
+    rows: list[StageRow]
+    owed_cleanup: int | None
+
+
 TERMINAL_STATUSES = frozenset({JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED})
 
 EventStatus = Literal[

@@ -12,9 +12,12 @@ import itertools
 import threading
 from typing import Any
 
+import pytest
+from support.owed import OWED_CLEANUP_CASES
+
 from worker.encoding import NotStorable
 from worker.models import ClaimedJob, Outcome, OutcomeKind, StageStatus
-from worker.stages import MemoryRuntime, MemoryStageStore, Pipeline, StageRow, run_attempt
+from worker.stages import MemoryRuntime, MemoryStageStore, Pipeline, run_attempt
 from worker.stages.endings import ENDINGS, Ended, Ending, StageDeadlineExceeded
 from worker.tasks import JobCancelled, PauseForResolution, Snooze
 
@@ -399,21 +402,17 @@ def _context(job: Job, claimed: ClaimedJob) -> Any:
     return Context(claimed, job.runtime, threading.Event())
 
 
-def test_a_cleanup_left_waiting_by_a_lost_worker_is_still_owed():
-    p = Pipeline(f"unit_owed_{next(_names)}")
-    p.stage(name="a")(lambda ctx: 1)
-    p.cleanup(name="t1")(lambda ctx: None)
-    p.cleanup(name="t2")(lambda ctx: None)
-
-    def rows(*spec: tuple[str, str, str, int]) -> dict[str, StageRow]:
-        return {s: StageRow(s, kind, status, None, None, n) for s, kind, status, n in spec}
-
-    ran = ("a", "stage", "completed", 1)
-    assert p._unclean_attempt(rows(ran)) == 1  # no cleanup row yet: all are owed
-    t1_done, t2_waiting = ("t1", "cleanup", "completed", 1), ("t2", "cleanup", "waiting", 1)
-    assert p._unclean_attempt(rows(ran, t1_done, t2_waiting)) == 1
-    t2_done = ("t2", "cleanup", "completed", 1)
-    assert p._unclean_attempt(rows(ran, t1_done, t2_done)) is None
+@pytest.mark.parametrize(
+    ("history", "owed"),
+    [pytest.param(rows, owed, id=name) for name, rows, owed in OWED_CLEANUP_CASES],
+)
+def test_a_cleanup_left_waiting_or_running_by_a_lost_worker_is_still_owed(history, owed):
+    store = MemoryStageStore()
+    for stage, kind, status, attempt in history:
+        store.start_stage("job", stage, kind, attempt, ())
+        if status != "running":
+            store.end_stage("job", stage, status, "null", None)
+    assert asyncio.run(store.load("job")).owed_cleanup == owed
 
 
 class RefusingStore(MemoryStageStore):

@@ -19,7 +19,7 @@ from worker.daemon.stage_writes import StageWrites
 from worker.db.driver import Driver, StageWrite
 from worker.db.postgres import Refused
 from worker.encoding import NotStorable
-from worker.models import ClaimedJob, StageRow
+from worker.models import ClaimedJob, StageHistory
 
 
 def storable_text(text: str) -> str:
@@ -46,7 +46,7 @@ class PgStageStore:
         """The stage writes' flushers, until cancelled."""
         await self._writes.run()
 
-    async def load(self, job_id: str) -> list[StageRow]:
+    async def load(self, job_id: str) -> StageHistory:
         return await self._patience.run("reading stages", lambda: self._driver.load_stages(job_id))
 
     async def _run(self, doing: str, write: StageWrite) -> float:

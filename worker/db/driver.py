@@ -23,7 +23,7 @@ from datetime import datetime
 from typing import Final, Protocol
 from uuid import UUID
 
-from worker.models import ClaimedJob, Outcome, ProgressEvent, StageRow
+from worker.models import ClaimedJob, Outcome, ProgressEvent, StageHistory
 
 
 class Locked:
@@ -195,7 +195,7 @@ class Driver(Protocol):
         """Each write's answer: the seconds since its started stage first started (0 if it
         starts none)."""
 
-    async def load_stages(self, job_id: str) -> list[StageRow]: ...
+    async def load_stages(self, job_id: str) -> StageHistory: ...
 
     async def record_final_error(
         self, worker_id: UUID, job_id: str, retries: int, error: str

@@ -37,8 +37,8 @@ from worker.models import (
     JobStatus,
     OutcomeKind,
     ProgressEvent,
+    StageHistory,
     StageKind,
-    StageRow,
     StageStatus,
 )
 from worker.stages.memory import MemoryStageStore
@@ -370,7 +370,7 @@ class MemoryDriver:
             return 0.0
         return self.stages.start_stage(w.job_id, w.started, w.kind, w.attempt, w.waiting)
 
-    async def load_stages(self, job_id: str) -> list[StageRow]:
+    async def load_stages(self, job_id: str) -> StageHistory:
         self._reachable()
         return await self.stages.load(job_id)
 

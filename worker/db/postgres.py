@@ -46,7 +46,7 @@ from worker.db.driver import (
 from worker.db.notifier import Subscription, notifier
 from worker.db.records import json_records
 from worker.logs import scrub
-from worker.models import ClaimedJob, ProgressEvent, StageRow
+from worker.models import ClaimedJob, ProgressEvent, StageHistory, StageRow
 
 # Errors that mean "the database is not reachable right now", as opposed to a bad statement.
 # A read-only transaction error is what a demoted primary answers during a failover.
@@ -389,9 +389,12 @@ class PostgresDriver:
         }
         return [ages.get(n) for n in range(len(batch))]
 
-    async def load_stages(self, job_id: str) -> list[StageRow]:
-        rows = await fetch(self.pool, sql.GET_STAGES, {"id": job_id})
-        return [StageRow(r[0], r[1], r[2], r[3], r[4], r[5]) for r in rows]
+    async def load_stages(self, job_id: str) -> StageHistory:
+        rows = await fetch(self.pool, sql.LOAD_STAGES, {"id": job_id})
+        return StageHistory(
+            [StageRow(r[0], r[1], r[2], r[3], r[4], r[5]) for r in rows],
+            rows[0][6] if rows else None,
+        )
 
     async def record_final_error(
         self, worker_id: UUID, job_id: str, retries: int, error: str

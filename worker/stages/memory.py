@@ -27,7 +27,16 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from worker.events import MemoryBus, ProgressBus
-from worker.models import JSON, ClaimedJob, Outcome, StageKind, StageRow, StageStatus
+from worker.models import (
+    JSON,
+    ClaimedJob,
+    Outcome,
+    StageHistory,
+    StageKind,
+    StageRow,
+    StageStatus,
+)
+from worker.stages.store import UNFINISHED
 from worker.tasks import Context
 
 if TYPE_CHECKING:
@@ -54,13 +63,14 @@ class MemoryStageStore:
         """A job's stage rows by stage name, as they are now (copies)."""
         return {name: _copy(s.row) for name, s in self._jobs.get(job_id, {}).items()}
 
-    async def load(self, job_id: str) -> list[StageRow]:
-        # In the order they ran, cleanups not run yet last, as `sql.GET_STAGES` reads them.
+    async def load(self, job_id: str) -> StageHistory:
+        # In the order they ran, cleanups not run yet last, as `sql.LOAD_STAGES` reads them.
         stored = sorted(
             self._jobs.get(job_id, {}).values(),
             key=lambda s: (s.row.status == StageStatus.WAITING, s.started_at, s.row.stage),
         )
-        return [_copy(s.row) for s in stored]
+        rows = [_copy(s.row) for s in stored]
+        return StageHistory(rows, _owed_cleanup(rows))
 
     async def started(
         self, job: ClaimedJob, stage: str, kind: str, attempt: int, waiting: Sequence[str] = ()
@@ -171,3 +181,12 @@ async def run_attempt(
     for event in outcome.events:  # reported once the outcome is written
         runtime.bus.publish(event)
     return outcome
+
+
+def _owed_cleanup(rows: Sequence[StageRow]) -> int | None:
+    """`worker.owed_cleanup_attempt` over rows in memory: the latest attempt with a stage newer
+    than the oldest finished cleanup (a running or waiting cleanup counts as never finished)."""
+    cleanups = [r for r in rows if r.kind == StageKind.CLEANUP]
+    cleaned = min((0 if r.status in UNFINISHED else r.attempt for r in cleanups), default=0)
+    dirty = [r.attempt for r in rows if r.kind == StageKind.STAGE and r.attempt > cleaned]
+    return max(dirty, default=None)

@@ -53,10 +53,9 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, TypeVar, overload
 
-from worker.models import JSON, Outcome, StageKind, StageRow
+from worker.models import JSON, Outcome
 from worker.schema import MAX_TASK_NAME
 from worker.stages import runner
-from worker.stages.store import UNFINISHED
 from worker.tasks import Context, register
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -204,22 +203,6 @@ class Pipeline:
     def cleanups(self) -> Sequence[Stage]:
         """The `ALL_DONE` stages, in the order they run after the others."""
         return [s for s in self.stages if s.rule is ALL_DONE]
-
-    def _unclean_attempt(self, rows: dict[str, StageRow]) -> int | None:
-        """The latest attempt whose stages ran but whose cleanups did not (all) run.
-
-        `sql.CANCEL` computes the same thing in SQL; keep the two in step.
-        """
-        if not self.cleanups:
-            return None
-        cleaned = min(
-            (r.attempt if (r := rows.get(c.name)) and r.status not in UNFINISHED else 0)
-            for c in self.cleanups
-        )
-        dirty = [
-            r.attempt for r in rows.values() if r.kind == StageKind.STAGE and r.attempt > cleaned
-        ]
-        return max(dirty) if dirty else None
 
     async def execute(self, ctx: Context) -> Outcome:
         """Run one attempt of this pipeline for the job `ctx` holds (see `worker.stages.runner`)."""

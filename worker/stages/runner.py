@@ -166,7 +166,11 @@ class PipelineRun:
         job = self.job
         # On a job's first run the claim started its first stage, and there is nothing to read.
         if not job.first_stage_started:
-            self.rows = {r.stage: r for r in await self.store.load(job.id)}
+            history = await self.store.load(job.id)
+            self.rows = {r.stage: r for r in history.rows}
+            # Only a pipeline with cleanups can owe one; the rows cannot say whether it has.
+            if self.pipeline.cleanups:
+                self.unclean = history.owed_cleanup
         self.ctx.outputs.update(
             {
                 name: r.output
@@ -174,7 +178,6 @@ class PipelineRun:
                 if r.kind == StageKind.STAGE and r.status == StageStatus.COMPLETED
             }
         )
-        self.unclean = self.pipeline._unclean_attempt(self.rows)
         # Stages an earlier attempt left open were cut off with their worker: say so.
         for row in self._open_stage_rows():
             if row.attempt < job.attempt:

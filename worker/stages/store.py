@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from worker.models import JSON, ClaimedJob, StageRow, StageStatus
+from worker.models import JSON, ClaimedJob, StageHistory, StageStatus
 
 # Stage rows still open: a stage that was running, snoozing or waiting for an answer.
 OPEN = frozenset({StageStatus.RUNNING, StageStatus.SNOOZED, StageStatus.PAUSED})
@@ -26,7 +26,7 @@ class StageStore(Protocol):
     are stored as text, and the members compare equal to it.
     """
 
-    async def load(self, job_id: str) -> list[StageRow]: ...
+    async def load(self, job_id: str) -> StageHistory: ...
 
     # The writes take the claimed job: they apply only while its attempt still holds it.
 

@@ -4,21 +4,11 @@
 # and owes no ALL_DONE cleanup is cancelled at once. A running job only gets the request (a
 # worker honours it at the next stage boundary, then runs the cleanup). A waiting job whose
 # stages ran without their cleanup (paused, snoozed, rescued) goes back to a worker at once,
-# which runs only that cleanup and settles it cancelled. "Owes" mirrors
-# `Pipeline._unclean_attempt`: a stage row newer than the oldest finished cleanup (a cleanup
-# not run yet is `waiting` from its attempt's first cleanup on, so none is missed for lack of
-# a row).
+# which runs only that cleanup and settles it cancelled. Which attempt owes a cleanup is
+# `worker.owed_cleanup_attempt` (migration 0007), the rule a resuming worker reads too.
 CANCEL = """
 WITH target AS (
-    SELECT j.id, j.status,
-           EXISTS (
-               SELECT 1 FROM worker.job_stages AS s
-               WHERE s.job_id = j.id AND s.kind = 'stage' AND s.attempt > coalesce(
-                   (SELECT min(CASE WHEN c.status IN ('running', 'waiting') THEN 0
-                                    ELSE c.attempt END)
-                    FROM worker.job_stages AS c WHERE c.job_id = j.id AND c.kind = 'cleanup'),
-                   0)
-           ) AS owes_cleanup
+    SELECT j.id, j.status, worker.owed_cleanup_attempt(j.id) IS NOT NULL AS owes_cleanup
     FROM worker.jobs AS j WHERE j.id = %(id)s FOR UPDATE
 ), changed AS (
     UPDATE worker.jobs AS j SET
@@ -74,6 +64,14 @@ FROM worker.jobs WHERE id = %(id)s
 # In the order they ran; cleanups that have yet to run (`waiting`) last.
 GET_STAGES = """
 SELECT stage, kind, status, output, error, attempt, started_at, finished_at
+FROM worker.job_stages WHERE job_id = %(id)s ORDER BY status = 'waiting', started_at, stage
+"""
+
+# A resuming worker's read: the job's stage rows in the order `GET_STAGES` gives, each with
+# the attempt that owes its cleanups (the same for every row; the subquery runs once).
+LOAD_STAGES = """
+SELECT stage, kind, status, output, error, attempt,
+       (SELECT worker.owed_cleanup_attempt(%(id)s)) AS owed_cleanup
 FROM worker.job_stages WHERE job_id = %(id)s ORDER BY status = 'waiting', started_at, stage
 """
 
