@@ -190,3 +190,79 @@ def test_beyond_its_bound_the_oldest_item_handed_over_is_dropped() -> None:
         return [batcher.add_threadsafe(item, bound=2) for item in "abcd"]
 
     assert asyncio.run(main()) == [False, False, True, True]
+
+
+def test_a_batcher_runs_again_on_a_new_event_loop() -> None:
+    store = Store()
+    batcher: Batcher[str, str] = Batcher(store.write, judge=judge, interval=60, wake_at=1000)
+
+    async def once(item: str) -> None:
+        flusher = asyncio.create_task(batcher.run())
+        await asyncio.sleep(0)
+        batcher.add_threadsafe(item)
+        await asyncio.wait_for(batcher.drain(), 2)
+        flusher.cancel()
+        await asyncio.gather(flusher, return_exceptions=True)
+
+    asyncio.run(once("a"))
+    asyncio.run(once("b"))
+    assert store.statements == [["a"], ["b"]]
+
+
+def test_a_batcher_run_again_on_the_same_loop_drains_what_waits() -> None:
+    store = Store()
+
+    async def main() -> None:
+        batcher: Batcher[str, str] = Batcher(store.write, judge=judge, interval=60, wake_at=1000)
+        for item in "ab":
+            flusher = asyncio.create_task(batcher.run())
+            await asyncio.sleep(0)
+            batcher.add_threadsafe(item)
+            await asyncio.wait_for(batcher.drain(), 2)
+            assert batcher.pending == 0
+            flusher.cancel()
+            await asyncio.gather(flusher, return_exceptions=True)
+
+    asyncio.run(main())
+    assert store.statements == [["a"], ["b"]]
+
+
+def test_an_outage_while_writing_one_by_one_keeps_the_rest_for_another_try() -> None:
+    store = Store()
+    store.refuse = {"bad"}
+
+    async def write(batch: list[str]) -> Sequence[str | Locked]:
+        if batch == ["b"] and store.outages == 0 and ["b"] not in store.statements:
+            store.outages = 1  # the outage starts as "b" is written alone
+        return await store.write(batch)
+
+    async def main() -> None:
+        batcher: Batcher[str, str] = Batcher(write, judge=judge)
+        for item in ("a", "bad", "b"):
+            batcher.add(item)
+        flusher = asyncio.create_task(batcher.run())
+        await asyncio.wait_for(batcher.drain(), 5)
+        assert batcher.pending == 0
+        flusher.cancel()
+
+    asyncio.run(main())
+    assert ["b"] in store.statements[-1:]  # written once the outage was over
+    assert store.statements.count(["b"]) == 2
+
+
+def test_a_fatal_error_one_by_one_leaves_every_unwritten_item_pending() -> None:
+    store = Store()
+    store.refuse = {"bad"}
+
+    def fatal_alone(batch: list[str], exc: Exception, alone: bool) -> Verdict:
+        return Verdict.RAISE if alone else Verdict.SPLIT
+
+    async def main() -> int:
+        batcher: Batcher[str, str] = Batcher(store.write, judge=fatal_alone)
+        for item in ("a", "bad", "c", "d"):
+            batcher.add(item)
+        with pytest.raises(Refused):
+            await asyncio.wait_for(batcher.run(), 2)
+        return batcher.pending
+
+    assert asyncio.run(main()) == 3  # "bad", "c" and "d"

@@ -23,6 +23,7 @@ import psycopg
 from worker.daemon.db import LockWaits, Patience
 from worker.db.batcher import Batcher, Verdict
 from worker.db.driver import Driver, Locked, OutcomeWrite, RecordedOutcome, RetryPolicy
+from worker.logs import first_line
 from worker.models import Outcome, OutcomeKind, ProgressEvent, StageEnd, StageStatus
 from worker.settings import Settings
 
@@ -90,7 +91,8 @@ class Completer:
         answers: Sequence[RecordedOutcome | Locked | None] | None,
     ) -> None:
         recorded: list[RecordedOutcome] = []
-        for item, answer in zip(batch, answers or (), strict=True):
+        # No answers (a write that answers nothing) records nothing.
+        for item, answer in zip(batch, answers or [None] * len(batch), strict=True):
             if isinstance(answer, RecordedOutcome):
                 recorded.append(answer)
                 # The events reporting an outcome go out once it is written; those of an
@@ -116,7 +118,7 @@ def _judge(batch: list[OutcomeWrite], exc: Exception, alone: bool) -> Verdict:
 
 def _refused(item: OutcomeWrite, exc: Exception) -> OutcomeWrite:
     """The job's own outcome cannot be stored: it fails, naming why."""
-    reason = (str(exc).strip().splitlines() or [""])[0]
+    reason = first_line(exc)
     outcome = item.outcome
     outcome.events = []  # they report the outcome that was not written
     end = outcome.stage_end and StageEnd(outcome.stage_end.stage, StageStatus.FAILED)

@@ -37,6 +37,7 @@ from worker.daemon.local_queue import LocalQueue, claim_spec
 from worker.daemon.plugins import Heartbeat, Plugin, Rescuer, Retention
 from worker.daemon.stage_store import PgStageStore
 from worker.db.driver import Closable, Driver, RecordedOutcome, Registration
+from worker.db.notifier import notifier
 from worker.db.postgres import TRANSIENT, PostgresDriver, describe
 from worker.events import PostgresBus, ProgressBus
 from worker.logs import fields
@@ -231,6 +232,8 @@ class Worker:
             await asyncio.wait_for(self.driver.deregister_worker(self.id), 10)
         for subscription in self._subscriptions:
             subscription.close()
+        if isinstance(self.driver, PostgresDriver):  # its listening session goes with the worker
+            notifier(self.driver.url).retire_if_unused()
         for task in duties:
             task.cancel()
         await asyncio.gather(*duties, return_exceptions=True)

@@ -148,8 +148,18 @@ class Batcher(Generic[I, R]):
     # -- flushing ---------------------------------------------------------------------------
 
     async def run(self) -> None:
-        """Flush until cancelled, or until a write fails on an error judged `RAISE`."""
-        self._loop = asyncio.get_running_loop()
+        """Flush until cancelled, or until a write fails on an error judged `RAISE`.
+
+        May be run again after it ended, on the same loop or another: what is left is kept."""
+        loop = asyncio.get_running_loop()
+        if self._loop is not None and self._loop is not loop:
+            # An event binds to the loop that first waits on it: a new loop needs new ones.
+            self._ready, self._idle = asyncio.Event(), asyncio.Event()
+            if self._queue:
+                self._ready.set()
+            self._settle_idle()
+        self._loop = loop
+        self._ended = False
         flushers = [
             asyncio.create_task(self._flush_forever(), name=f"{self._name}-{n}")
             for n in range(self._flushers)
@@ -205,14 +215,9 @@ class Batcher(Generic[I, R]):
         except Exception as exc:
             verdict = self._judge(items, exc, False)
             if verdict is Verdict.SPLIT:
-                await self._one_by_one(batch)
-                return True
+                return await self._one_by_one(batch)
             if verdict is Verdict.RETRY:
-                if self._on_retry is not None:
-                    self._on_retry(exc, not self._retrying)
-                self._retrying = True
-                with self._lock:
-                    self._queue.extendleft(reversed(batch))
+                self._retry_later(batch, exc)
                 return False
             _fail(batch, exc)
             if verdict is Verdict.RAISE:
@@ -228,16 +233,30 @@ class Batcher(Generic[I, R]):
         self._answer(batch, answers)
         return True
 
-    async def _one_by_one(self, batch: list[_Entry[I, R]]) -> None:
+    def _retry_later(self, batch: list[_Entry[I, R]], exc: Exception) -> None:
+        if self._on_retry is not None:
+            self._on_retry(exc, not self._retrying)
+        self._retrying = True
+        with self._lock:
+            self._queue.extendleft(reversed(batch))
+
+    async def _one_by_one(self, batch: list[_Entry[I, R]]) -> bool:
         """A batch was refused for one of its items: alone, each one succeeds or fails on its
-        own account, and the others are not held up by it."""
-        for item, future in batch:
+        own account, and the others are not held up by it. False if an outage came meanwhile:
+        what is left waits for another try."""
+        for n, (item, future) in enumerate(batch):
             try:
                 self._answer([(item, future)], await self._write([item]))
             except Exception as exc:
                 verdict = self._judge([item], exc, True)
+                if verdict is Verdict.RETRY:
+                    self._retry_later(batch[n:], exc)
+                    return False
                 if verdict is Verdict.RAISE:
-                    _fail([(item, future)], exc)
+                    _fail(batch[n:], exc)
+                    # Nothing writes them now: they count as not written (`pending`).
+                    with self._lock:
+                        self._queue.extendleft(reversed(batch[n:]))
                     raise
                 instead = (
                     self._refuse(item, exc)
@@ -248,6 +267,8 @@ class Batcher(Generic[I, R]):
                     _fail([(item, future)], exc)
                     continue
                 self._answer([(instead, future)], await self._write([instead]))
+        self._retrying = False
+        return True
 
     def _answer(self, batch: list[_Entry[I, R]], answers: Sequence[R | Locked] | None) -> None:
         """Settle each item, or set it aside for another try if its job's row was locked."""

@@ -163,8 +163,11 @@ class Driver(Protocol):
 
     async def register_worker(self, registration: Registration) -> None: ...
 
-    async def heartbeat(self, registration: Registration) -> Beat:
-        """Renew the worker's lease (registering it again if its row is gone)."""
+    async def heartbeat(
+        self, registration: Registration, registered_again: Callable[[], None] | None = None
+    ) -> Beat:
+        """Renew the worker's lease (registering it again if its row is gone, and then calling
+        `registered_again` at once, before anything else the beat does can fail)."""
 
     async def deregister_worker(self, worker_id: UUID) -> None: ...
 

@@ -195,11 +195,15 @@ class MemoryDriver:
         self._reachable()
         self.workers[registration.id] = _Worker(registration)
 
-    async def heartbeat(self, registration: Registration) -> Beat:
+    async def heartbeat(
+        self, registration: Registration, registered_again: Callable[[], None] | None = None
+    ) -> Beat:
         self._reachable()
         known = self.workers.get(registration.id)
         if known is None:
             self.workers[registration.id] = _Worker(registration)
+            if registered_again is not None:
+                registered_again()
         else:
             known.heartbeat_at = time.monotonic()
         cancels = [

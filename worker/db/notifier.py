@@ -111,7 +111,8 @@ class Notifier:
         with self._lock:
             self._subscriptions[next(self._tokens)] = sub
             self._idle_since = None
-            if self._thread is None:
+            # A thread that died anyway (an error outside its loop) is replaced.
+            if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, name="notifier", daemon=True)
                 self._thread.start()
         self._poke()
@@ -133,6 +134,14 @@ class Notifier:
                 if held is sub:
                     del self._subscriptions[token]
         sub.ready.clear()
+        self._poke()
+
+    def retire_if_unused(self) -> None:
+        """Close the connection now, not `LINGER_SECONDS` later, if no one is subscribed (a
+        worker that stopped)."""
+        with self._lock:
+            if not self._subscriptions:
+                self._idle_since = -LINGER_SECONDS
         self._poke()
 
     def _poke(self) -> None:
@@ -176,14 +185,16 @@ class Notifier:
                     backoff.reset()
                     if self._serve(conn):
                         return
-            except (psycopg.Error, OSError) as exc:
+            except Exception as exc:  # any error: the thread must outlive it, or no one hears
                 for sub in self._subscribers():
                     sub.ready.clear()
                 if lost is None:
                     lost = type(exc).__name__
+                    unexpected = not isinstance(exc, psycopg.Error | OSError)
                     log.warning(
                         "listener lost (%s); polling until it is back",
                         lost,
+                        exc_info=exc if unexpected else None,
                         extra=fields("listener.lost", error=lost),
                     )
                 self._tell(self._subscribers(), None)  # each looks for itself meanwhile

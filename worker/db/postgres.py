@@ -275,12 +275,16 @@ class PostgresDriver:
     async def register_worker(self, registration: Registration) -> None:
         await fetch(self.pool, sql.REGISTER_WORKER, _registration(registration))
 
-    async def heartbeat(self, registration: Registration) -> Beat:
+    async def heartbeat(
+        self, registration: Registration, registered_again: Callable[[], None] | None = None
+    ) -> Beat:
         async with self.pool.connection() as conn:
             cur = await conn.execute(sql.HEARTBEAT, {"id": registration.id})
             again = cur.rowcount == 0
             if again:
                 await conn.execute(sql.REGISTER_WORKER, _registration(registration))
+                if registered_again is not None:
+                    registered_again()
             cur = await conn.execute(sql.CANCEL_REQUESTED, {"worker_id": registration.id})
             return Beat(again, [job_id for (job_id,) in await cur.fetchall()])
 

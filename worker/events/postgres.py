@@ -32,13 +32,13 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncGenerator
-from dataclasses import dataclass
 from typing import Any
 
 from worker.db.batcher import Batcher, Verdict
 from worker.db.driver import EventWrite
 from worker.db.notifier import Subscription, notifier
 from worker.db.postgres import EVENTS_REFUSED, LISTENER_NAME, PostgresDriver
+from worker.logs import first_line
 from worker.models import ProgressEvent
 
 log = logging.getLogger("worker.events")
@@ -47,7 +47,8 @@ CHANNEL = "worker_events"
 READ_LIMIT = 1000
 # Events per INSERT. Building one statement's parameters runs on the worker's event loop: a
 # backlog of tens of thousands in one statement would delay heartbeats past a short lease
-# after the table was locked for a while. A backlog drains in chunks, one per flush interval.
+# after the table was locked for a while. A backlog drains in chunks written back to back; the
+# loop runs its other tasks between one chunk's statement and the next.
 FLUSH_CHUNK = 2000
 WAKE_AT = 500  # events waiting that start a flush before the interval is up
 # A follower re-reads at least this often, so a NOTIFY lost during a reconnect costs at most
@@ -55,11 +56,6 @@ WAKE_AT = 500  # events waiting that start a flush before the interval is up
 FOLLOW_RECHECK_SECONDS = 1.0
 # `\u0000` escapes not preceded by an escaped backslash: jsonb cannot store NUL.
 _NUL = re.compile(r"(?<!\\)((?:\\\\)*)\\u0000")
-
-
-@dataclass(slots=True)
-class _Pending(EventWrite):
-    seq: int  # publish order in this process: what a flush has written is forgotten by it
 
 
 def message_json(message: dict[str, Any] | None) -> str | None:
@@ -163,7 +159,7 @@ class PostgresBus:
 
     def _refused(self, item: EventWrite, exc: Exception) -> None:
         """One bad row must not hold back the rest: it is dropped alone."""
-        self._dropped(1, f"job {item.job_id}", str(exc).strip().splitlines()[0])
+        self._dropped(1, f"job {item.job_id}", first_line(exc))
 
     def _gone(self, batch: list[EventWrite], jobs: list[str]) -> None:
         """Count the events the statement left out: their jobs no longer exist."""
@@ -255,5 +251,5 @@ def _retrying(exc: Exception, first: bool) -> None:
         logging.WARNING if first else logging.DEBUG,
         "progress events not written yet (%s: %s); retrying",
         type(exc).__name__,
-        str(exc).strip().splitlines()[0] if str(exc).strip() else "",
+        first_line(exc),
     )

@@ -45,17 +45,10 @@ class Heartbeat:
     async def beat(self) -> None:
         loop = asyncio.get_running_loop()
         try:
-            beat = await self._driver.heartbeat(self._registration)
+            beat = await self._driver.heartbeat(self._registration, self._presumed_dead)
         except TRANSIENT:
             self.healthy_since = None
             raise
-        if beat.registered_again:
-            log.warning(
-                "worker %s was presumed dead by another worker; its jobs may run "
-                "again elsewhere; registering again",
-                self._id,
-                extra=fields("worker.reregistered", worker_id=self._id),
-            )
         for job_id in beat.cancel_requested:
             self._on_cancel(job_id)
         now = loop.time()
@@ -67,6 +60,14 @@ class Heartbeat:
         ):
             self.healthy_since = now
         self.last_ok = now
+
+    def _presumed_dead(self) -> None:
+        log.warning(
+            "worker %s was presumed dead by another worker; its jobs may run "
+            "again elsewhere; registering again",
+            self._id,
+            extra=fields("worker.reregistered", worker_id=self._id),
+        )
 
     def healthy_for(self, seconds: float) -> bool:
         """True if every beat for `seconds` went through and the last one is recent."""
