@@ -13,19 +13,21 @@ from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
+from worker.models import JobStatus
+
 if TYPE_CHECKING:
     from rich.progress import Progress
 
 out = Console()
 err = Console(stderr=True)
 
-_STATUS_STYLE = {
-    "pending": "yellow",
-    "processing": "cyan",
-    "completed": "green",
-    "failed": "red",
-    "paused": "magenta",
-    "cancelled": "dim",
+_STATUS_STYLE: dict[str, str] = {
+    JobStatus.PENDING: "yellow",
+    JobStatus.PROCESSING: "cyan",
+    JobStatus.COMPLETED: "green",
+    JobStatus.FAILED: "red",
+    JobStatus.PAUSED: "magenta",
+    JobStatus.CANCELLED: "dim",
 }
 
 

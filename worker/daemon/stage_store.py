@@ -19,7 +19,7 @@ from worker.daemon.stage_writes import StageWrites
 from worker.db.driver import Driver, StageWrite
 from worker.db.postgres import Refused
 from worker.encoding import NotStorable
-from worker.models import ClaimedJob, StageHistory
+from worker.models import ClaimedJob, StageHistory, StageKind, StageStatus
 
 
 def storable_text(text: str) -> str:
@@ -65,7 +65,12 @@ class PgStageStore:
         self, job: ClaimedJob, stage: str, kind: str, attempt: int, waiting: Sequence[str] = ()
     ) -> float:
         write = StageWrite(
-            job.id, job.retry_count, started=stage, kind=kind, attempt=attempt, waiting=(*waiting,)
+            job.id,
+            job.retry_count,
+            started=stage,
+            kind=StageKind(kind),
+            attempt=attempt,
+            waiting=(*waiting,),
         )
         return await self._run("recording a stage start", write)
 
@@ -79,7 +84,12 @@ class PgStageStore:
     ) -> None:
         error = storable_text(error) if error is not None else None
         write = StageWrite(
-            job.id, job.retry_count, ended=stage, status=status, output=output, error=error
+            job.id,
+            job.retry_count,
+            ended=stage,
+            status=StageStatus(status),
+            output=output,
+            error=error,
         )
         await self._run("recording a stage end", write)
 
@@ -99,7 +109,7 @@ class PgStageStore:
             ended=done,
             output=output,
             started=stage,
-            kind=kind,
+            kind=StageKind(kind),
             attempt=attempt,
             waiting=(*waiting,),
         )

@@ -17,7 +17,7 @@ little later; its job waits, the others do not.
 
     writes = StageWrites(driver, worker_id)
     flushers = asyncio.create_task(writes.run())
-    age = await writes.write(StageWrite(job_id, 0, started="load", kind="stage", attempt=1))
+    age = await writes.write(StageWrite(job_id, 0, started="load", attempt=1))
 """
 
 from __future__ import annotations

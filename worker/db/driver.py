@@ -23,7 +23,15 @@ from datetime import datetime
 from typing import Final, Protocol
 from uuid import UUID
 
-from worker.models import ClaimedJob, Outcome, ProgressEvent, StageHistory
+from worker.models import (
+    ClaimedJob,
+    JobStatus,
+    Outcome,
+    ProgressEvent,
+    StageHistory,
+    StageKind,
+    StageStatus,
+)
 
 
 class Locked:
@@ -82,7 +90,7 @@ class RecordedOutcome:
     """A job's status as its outcome write left it (`pending` again for a retry or snooze)."""
 
     id: str
-    status: str
+    status: JobStatus
     task: str
     queue: str
     retry_count: int
@@ -99,11 +107,11 @@ class StageWrite:
     job_id: str
     retries: int
     ended: str | None = None
-    status: str = "completed"
+    status: StageStatus = StageStatus.COMPLETED
     output: str | None = None
     error: str | None = None
     started: str | None = None
-    kind: str = "stage"
+    kind: StageKind = StageKind.STAGE
     attempt: int = 0
     waiting: tuple[str, ...] = ()  # cleanups to run after `started`, recorded as waiting
 

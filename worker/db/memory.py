@@ -73,7 +73,7 @@ class MemoryJob:
     queue: str = "default"
     priority: int = 0
     run_at: float = 0.0  # `time.monotonic()` from when it is due
-    status: str = JobStatus.PENDING
+    status: JobStatus = JobStatus.PENDING
     worker_id: UUID | None = None
     retry_count: int = 0
     max_retries: int | None = None

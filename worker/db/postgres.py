@@ -46,7 +46,7 @@ from worker.db.driver import (
 from worker.db.notifier import Subscription, notifier
 from worker.db.records import json_records
 from worker.logs import scrub
-from worker.models import ClaimedJob, ProgressEvent, StageHistory, StageRow
+from worker.models import ClaimedJob, JobStatus, ProgressEvent, StageHistory, StageRow
 
 # Errors that mean "the database is not reachable right now", as opposed to a bad statement.
 # A read-only transaction error is what a demoted primary answers during a failover.
@@ -360,7 +360,12 @@ class PostgresDriver:
             job_id: LOCKED
             if status is None
             else RecordedOutcome(
-                job_id, status, task, queue, retries, None if duration is None else float(duration)
+                job_id,
+                JobStatus(status),
+                task,
+                queue,
+                retries,
+                None if duration is None else float(duration),
             )
             for job_id, status, task, queue, retries, duration, _ in rows
         }
