@@ -32,15 +32,19 @@ def scrub(text: str) -> str:
     return _SECRET.sub(r"\1:***@", text) if "://" in text else text
 
 
-def first_line(exc: BaseException) -> str:
+def first_line(error: BaseException | str) -> str:
     """What went wrong in one line: the database's own words, without the statement
-    SQLAlchemy appends, and without any password.
+    SQLAlchemy appends, and without any password. An exception with no words is named by
+    its type; an empty text stays empty.
 
     >>> first_line(ValueError("bad value\\nLINE 1: SELECT ..."))
     'bad value'
     """
-    text = str(getattr(exc, "orig", None) or exc).strip()
-    return scrub(text.splitlines()[0]) if text else type(exc).__name__
+    if isinstance(error, str):
+        text, fallback = error.strip(), ""
+    else:
+        text, fallback = str(getattr(error, "orig", None) or error).strip(), type(error).__name__
+    return scrub(text.splitlines()[0]) if text else fallback
 
 
 def fields(event: str, **values: object) -> dict[str, object]:

@@ -31,8 +31,8 @@ from worker.encoding import NotStorable, dumps
 from worker.models import JobStatus
 from worker.schema import MAX_TASK_NAME, PRIORITY_RANGE
 
-# The bounds of what the columns hold, the client's own (`client._validated`), checked here too
-# so that a request is refused naming its field before anything reaches the database.
+# The bounds of what the columns hold, the client's own (`worker.client.validation`), checked
+# here too so that a request is refused naming its field before anything reaches the database.
 MAX_DELAY_SECONDS = MAX_DELAY.total_seconds()
 
 

@@ -273,7 +273,8 @@ async def count_retryable(conn: Conn, wanted: RetrySet) -> RetrySet:
     """How many jobs match, and the moment a retry of them starts from."""
     row = await (await conn.execute(sql.COUNT_RETRYABLE, wanted.params())).fetchone()
     assert row is not None  # an aggregate always answers
-    return RetrySet(wanted.status, wanted.task, wanted.queue, int(row[0]), row[1])
+    count, since = row
+    return RetrySet(wanted.status, wanted.task, wanted.queue, int(count), since)
 
 
 async def retry_batch(conn: Conn, retrying: RetrySet, batch: int) -> list[QueueCount]:

@@ -45,7 +45,7 @@ from worker.db.driver import (
 )
 from worker.db.notifier import Subscription, notifier
 from worker.db.records import json_records
-from worker.logs import scrub
+from worker.logs import first_line
 from worker.models import ClaimedJob, JobStatus, ProgressEvent, StageHistory, StageRow
 
 # Errors that mean "the database is not reachable right now", as opposed to a bad statement.
@@ -125,7 +125,7 @@ class _PoolNoise(logging.Filter):
         if str(record.msg).startswith("error connecting") and len(record.args or ()) >= 2:
             args = record.args
             assert isinstance(args, tuple)
-            _PoolNoise.last_error = str(args[1]).strip().splitlines()[0]
+            _PoolNoise.last_error = first_line(str(args[1]))
             _PoolNoise.last_error_at = time.monotonic()
         return False
 
@@ -140,7 +140,7 @@ async def _configure_claims(conn: psycopg.AsyncConnection[Any]) -> None:
     # The claim is planned once per session, not once per claim. Left to choose, PostgreSQL
     # plans it anew every time (planning it costs as much as running it): its plan for
     # "LIMIT n" looks cheaper than one for any limit. The claim is written so that the
-    # plan for any limit makes the same index probes (see `sql._CLAIMED`).
+    # plan for any limit makes the same index probes (see `worker.db.sql.claim`).
     await conn.execute("SET plan_cache_mode = force_generic_plan")
 
 
@@ -182,11 +182,10 @@ def describe(exc: BaseException) -> str:
     if isinstance(exc, PoolTimeout):
         recent = time.monotonic() - _PoolNoise.last_error_at < 60
         if recent and _PoolNoise.last_error:
-            return f"cannot connect: {scrub(_PoolNoise.last_error)}"
+            return f"cannot connect: {_PoolNoise.last_error}"
         return "no connection available in time"
-    lines = str(exc).strip().splitlines()
-    detail = f": {scrub(lines[0])}" if lines else ""
-    return f"{type(exc).__name__}{detail}"
+    detail = first_line(str(exc))
+    return f"{type(exc).__name__}: {detail}" if detail else type(exc).__name__
 
 
 class Refused(psycopg.DataError):
@@ -318,7 +317,8 @@ class PostgresDriver:
         await fetch(self.pool, sql.RELEASE, {"worker_id": worker_id, "ids": ids})
 
     async def held_jobs(self, worker_id: UUID) -> set[str]:
-        return {row[0] for row in await fetch(self.pool, sql.HELD_JOBS, {"worker_id": worker_id})}
+        rows = await fetch(self.pool, sql.HELD_JOBS, {"worker_id": worker_id})
+        return {job_id for (job_id,) in rows}
 
     # -- outcomes and stages ----------------------------------------------------------------
 
@@ -400,10 +400,12 @@ class PostgresDriver:
 
     async def load_stages(self, job_id: str) -> StageHistory:
         rows = await fetch(self.pool, sql.LOAD_STAGES, {"id": job_id})
-        return StageHistory(
-            [StageRow(r[0], r[1], r[2], r[3], r[4], r[5]) for r in rows],
-            rows[0][6] if rows else None,
-        )
+        stages = [
+            StageRow(stage, kind, status, output, error, attempt)
+            for stage, kind, status, output, error, attempt, _ in rows
+        ]
+        owed = next((owed for *_, owed in rows), None)  # every row carries the same
+        return StageHistory(stages, owed)
 
     async def record_final_error(
         self, worker_id: UUID, job_id: str, retries: int, error: str
@@ -435,7 +437,10 @@ class PostgresDriver:
             await self.events_connection.close()
             self.events_connection = None
             raise
-        return list(row[1] or ()) if row else []
+        if row is None:
+            return []
+        _notified, gone = row
+        return list(gone or ())
 
     async def read_events(self, job_id: str, after: int, limit: int) -> list[ProgressEvent]:
         if self._events_readers is None:
@@ -455,14 +460,9 @@ class PostgresDriver:
             rows = await cur.fetchall()
         return [
             ProgressEvent(
-                id=row[0],
-                job_id=str(row[1]),
-                step=row[2],
-                status=row[3],
-                message=row[4],
-                created_at=row[5],
+                id=id_, job_id=str(job), step=step, status=status, message=message, created_at=at
             )
-            for row in rows
+            for id_, job, step, status, message, at in rows
         ]
 
 

@@ -4,7 +4,7 @@ Built by the C JSON encoder, a batch costs the client a fraction of what psycopg
 parameters cost (each array is dumped element by element in Python), and the statement stays
 one round trip with one parameter per batch. The statements unpack a jsonb value as a `json`
 field and cast it: `json_to_recordset` fills a `jsonb` field several times more slowly than
-the cast converts it (about 3 us a row: a millisecond of a 1,000-job `enqueue_many`).
+the cast converts it.
 
     >>> json_records([({"id": 1, "step": "load"}, {"output": '{"rows": 3}'})])
     '[{"id":1,"step":"load","output":{"rows": 3}}]'
