@@ -161,7 +161,7 @@ def test_cancel_seen_as_a_snoozed_stage_is_taken_up_again_closes_that_stage(
 
     client = Client(database_url)
     job = client.enqueue("snoozer", {"polls": 2, "every": 0.3})
-    real_load = daemon_loop.PgStageStore.load
+    real_load = daemon_loop.DaemonStageStore.load
     cancelled: list[JobStatus] = []
 
     async def load(store: Any, job_id: str) -> Any:
@@ -180,7 +180,7 @@ def test_cancel_seen_as_a_snoozed_stage_is_taken_up_again_closes_that_stage(
             await asyncio.sleep(0.5)  # the NOTIFY reaches the worker's listener
         return history
 
-    monkeypatch.setattr(daemon_loop.PgStageStore, "load", load)
+    monkeypatch.setattr(daemon_loop.DaemonStageStore, "load", load)
 
     async def main() -> None:
         settings = Settings(DATABASE_URL=database_url, WORKER_CONCURRENCY=1)

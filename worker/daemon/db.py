@@ -22,7 +22,7 @@ from typing import TypeVar
 import psycopg
 
 from worker.db.connect import connect
-from worker.db.postgres import TRANSIENT, describe
+from worker.db.errors import TRANSIENT, describe
 from worker.logs import fields
 
 log = logging.getLogger("worker.daemon")

@@ -34,7 +34,7 @@ from worker.attempt import Executable
 from worker.daemon.db import Patience
 from worker.daemon.executor import Executor
 from worker.db.driver import ClaimSpec, Driver
-from worker.db.postgres import TRANSIENT
+from worker.db.errors import TRANSIENT
 from worker.logs import fields
 from worker.models import ClaimedJob, Outcome
 from worker.settings import Settings

@@ -1,6 +1,6 @@
 """The stage bookkeeping a pipeline job's runner reads and writes, on the worker's driver.
 
-`PgStageStore` is the daemon's `worker.stages.StageStore`: reads go straight to the driver,
+`DaemonStageStore` is the daemon's `worker.stages.StageStore`: reads go straight to the driver,
 writes through `StageWrites` (concurrent jobs' writes share one commit), each under the
 worker's `Patience`. A write for a job this worker no longer holds (it was rescued after a
 lost heartbeat) writes nothing and raises `JobLost`: that attempt stops there.
@@ -17,7 +17,7 @@ from uuid import UUID
 from worker.daemon.db import Patience
 from worker.daemon.stage_writes import StageWrites
 from worker.db.driver import Driver, StageWrite
-from worker.db.postgres import Refused
+from worker.db.errors import Refused
 from worker.encoding import NotStorable
 from worker.models import ClaimedJob, StageHistory, StageKind, StageStatus
 
@@ -33,7 +33,7 @@ def storable_text(text: str) -> str:
     return text
 
 
-class PgStageStore:
+class DaemonStageStore:
     """Stage bookkeeping on the worker's driver (see `stages.StageStore`)."""
 
     def __init__(self, driver: Driver, patience: Patience, worker_id: UUID) -> None:

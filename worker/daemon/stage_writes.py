@@ -29,7 +29,7 @@ import psycopg
 from worker.daemon.db import LockWaits
 from worker.db.batcher import Batcher, Verdict
 from worker.db.driver import Driver, Locked, StageWrite
-from worker.db.postgres import TRANSIENT
+from worker.db.errors import TRANSIENT
 
 # Statements in flight at once (each holds a pooled connection while it commits).
 MAX_FLUSHES = 3

@@ -35,10 +35,11 @@ from worker.daemon.db import Patience
 from worker.daemon.executor import Executor
 from worker.daemon.local_queue import LocalQueue, claim_spec
 from worker.daemon.plugins import Heartbeat, Plugin, Rescuer, Retention
-from worker.daemon.stage_store import PgStageStore
+from worker.daemon.stage_store import DaemonStageStore
 from worker.db.driver import Closable, Driver, RecordedOutcome, Registration
+from worker.db.errors import TRANSIENT, describe
 from worker.db.notifier import notifier
-from worker.db.postgres import TRANSIENT, PostgresDriver, describe
+from worker.db.postgres import PostgresDriver
 from worker.events import PostgresBus, ProgressBus
 from worker.logs import fields
 from worker.models import JobStatus
@@ -81,7 +82,7 @@ class Worker:
         self.driver: Driver = driver or PostgresDriver(url, settings.concurrency)
         self._stop = asyncio.Event()
         self._patience = Patience(self._stop.is_set, self.driver.confirm_reachable)
-        self.store = PgStageStore(self.driver, self._patience, self.id)
+        self.store = DaemonStageStore(self.driver, self._patience, self.id)
         self.processed = 0
         self._completer = Completer(
             self.driver, self.id, settings, self._patience, self.bus.publish, self._recorded

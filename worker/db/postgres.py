@@ -15,8 +15,6 @@ What this does not do: it does not retry a statement, nor log an outage (the dae
 from __future__ import annotations
 
 import json
-import logging
-import time
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
 from typing import Any
@@ -26,7 +24,7 @@ import psycopg
 from psycopg.pq import Format
 from psycopg.types.json import set_json_loads
 from psycopg.types.string import TextLoader
-from psycopg_pool import AsyncConnectionPool, PoolTimeout
+from psycopg_pool import AsyncConnectionPool
 
 from worker.db import sql
 from worker.db.connect import aconnect, async_pool
@@ -43,20 +41,10 @@ from worker.db.driver import (
     RetryPolicy,
     StageWrite,
 )
+from worker.db.errors import EVENTS_REFUSED, Refused
 from worker.db.notifier import Subscription, notifier
 from worker.db.records import json_records
-from worker.logs import first_line
 from worker.models import ClaimedJob, JobStatus, ProgressEvent, StageHistory, StageRow
-
-# Errors that mean "the database is not reachable right now", as opposed to a bad statement.
-# A read-only transaction error is what a demoted primary answers during a failover.
-TRANSIENT = (
-    psycopg.OperationalError,
-    psycopg.InterfaceError,
-    psycopg.errors.ReadOnlySqlTransaction,
-    PoolTimeout,
-    OSError,
-)
 
 POOL_CAP = 16  # connections per worker process, whatever its concurrency
 POOL_WAIT = 5.0  # seconds a statement waits for a pooled connection before it is retried
@@ -112,29 +100,6 @@ async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:
     conn.adapters.register_loader("uuid", _TEXT_LOADER)
 
 
-class _PoolNoise(logging.Filter):
-    """Keeps the pool's per-attempt connection warnings out of the log, remembering the last
-    connection error so the outage line can name the cause."""
-
-    last_error: str | None = None
-    last_error_at = 0.0
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno >= logging.ERROR:
-            return True
-        if str(record.msg).startswith("error connecting") and len(record.args or ()) >= 2:
-            args = record.args
-            assert isinstance(args, tuple)
-            _PoolNoise.last_error = first_line(str(args[1]))
-            _PoolNoise.last_error_at = time.monotonic()
-        return False
-
-
-_pool_logger = logging.getLogger("psycopg.pool")
-if not any(isinstance(f, _PoolNoise) for f in _pool_logger.filters):
-    _pool_logger.addFilter(_PoolNoise())
-
-
 async def _configure_claims(conn: psycopg.AsyncConnection[Any]) -> None:
     await _configure(conn)
     # The claim is planned once per session, not once per claim. Left to choose, PostgreSQL
@@ -177,23 +142,6 @@ def _pool(
     return pool
 
 
-def describe(exc: BaseException) -> str:
-    """One line saying why the database could not be used, without secrets."""
-    if isinstance(exc, PoolTimeout):
-        recent = time.monotonic() - _PoolNoise.last_error_at < 60
-        if recent and _PoolNoise.last_error:
-            return f"cannot connect: {_PoolNoise.last_error}"
-        return "no connection available in time"
-    detail = first_line(str(exc))
-    return f"{type(exc).__name__}: {detail}" if detail else type(exc).__name__
-
-
-class Refused(psycopg.DataError):
-    """PostgreSQL refused a statement for a value past one of its limits (a JSON string over
-    256 MB, say). Its own error class is an `OperationalError`, as an outage's is: retried like
-    one, the statement would be refused forever and hold up everything written with it."""
-
-
 async def fetch(
     pool: AsyncConnectionPool,
     query: str,
@@ -221,9 +169,6 @@ def _event_record(e: EventWrite) -> str:
 _text = json.JSONEncoder(ensure_ascii=False).encode
 
 EVENTS_APPLICATION_NAME = "durable-worker-events"
-# The database refused some event (a job deleted meanwhile, a value it cannot store, a message
-# past jsonb's size limit: an OperationalError by its class, but no outage).
-EVENTS_REFUSED = (psycopg.IntegrityError, psycopg.DataError, psycopg.errors.ProgramLimitExceeded)
 
 
 # The listening session's name, unless the operator named the process's sessions.

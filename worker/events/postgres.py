@@ -36,8 +36,9 @@ from typing import Any
 
 from worker.db.batcher import Batcher, Verdict
 from worker.db.driver import EventWrite
+from worker.db.errors import EVENTS_REFUSED
 from worker.db.notifier import Subscription, notifier
-from worker.db.postgres import EVENTS_REFUSED, LISTENER_NAME, PostgresDriver
+from worker.db.postgres import LISTENER_NAME, PostgresDriver
 from worker.logs import first_line
 from worker.models import ProgressEvent
 

@@ -16,7 +16,7 @@ import logging
 from collections.abc import Callable
 
 from worker.db.driver import Driver, Registration
-from worker.db.postgres import TRANSIENT
+from worker.db.errors import TRANSIENT
 from worker.logs import fields
 
 log = logging.getLogger("worker.daemon")

@@ -16,7 +16,7 @@ import random
 
 from worker.daemon.plugins.heartbeat import Heartbeat
 from worker.db.driver import Driver
-from worker.db.postgres import TRANSIENT
+from worker.db.errors import TRANSIENT
 from worker.logs import fields
 
 log = logging.getLogger("worker.daemon")

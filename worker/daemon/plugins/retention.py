@@ -17,7 +17,7 @@ from datetime import UTC, datetime, timedelta
 import psycopg
 
 from worker.db.driver import Driver
-from worker.db.postgres import TRANSIENT, describe
+from worker.db.errors import TRANSIENT, describe
 from worker.logs import fields
 from worker.models import TERMINAL_STATUSES
 from worker.settings import Settings
