@@ -21,6 +21,7 @@ from typing import TypeVar
 
 import psycopg
 
+from worker.db.backoff import Backoff
 from worker.db.connect import connect
 from worker.db.errors import TRANSIENT, describe
 from worker.logs import fields
@@ -166,7 +167,7 @@ class Patience:
         """Run `op`, again and again while the database is unreachable. Once the worker is
         stopping, the first failure is raised instead, unless `past_stop` (the caller's shutdown
         bounds the wait)."""
-        delay = 0.1
+        backoff = Backoff()
         while True:
             started = time.monotonic()
             try:
@@ -175,8 +176,7 @@ class Patience:
                 self.failed(what, exc, started)
                 if self._stopping() and not past_stop:
                     raise
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
+                await asyncio.sleep(backoff.next())
                 continue
             self.succeeded(started)
             return result
@@ -189,7 +189,7 @@ def wait_for_database(url: str, timeout: float | None) -> None:
     `DatabaseUnreachable` (naming the cause, never the password) after that many seconds.
     """
     started = time.monotonic()
-    delay = 0.25
+    backoff = Backoff(first=0.25)
     warned = False
     while True:
         try:
@@ -218,9 +218,8 @@ def wait_for_database(url: str, timeout: float | None) -> None:
                     bound,
                     extra=fields("database.unreachable", error=reason, during="starting"),
                 )
-            pause = delay if timeout is None else min(delay, max(timeout - waited, 0.05))
-            time.sleep(pause)
-            delay = min(delay * 2, 5.0)
+            delay = backoff.next()
+            time.sleep(delay if timeout is None else min(delay, max(timeout - waited, 0.05)))
 
 
 class DatabaseUnreachable(Exception):

@@ -37,8 +37,8 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from enum import Enum
 from typing import Generic, Protocol, TypeVar
 
+from worker.db.backoff import Backoff
 from worker.db.driver import Locked
-from worker.db.notifier import Backoff
 
 I = TypeVar("I")  # noqa: E741 - an item handed over
 R = TypeVar("R")  # what its write answers

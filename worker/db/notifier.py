@@ -34,6 +34,7 @@ from typing import Any
 
 import psycopg
 
+from worker.db.backoff import Backoff
 from worker.db.connect import connect
 from worker.logs import fields
 
@@ -42,25 +43,6 @@ log = logging.getLogger("worker.notifier")
 Callback = Callable[[str | None], None]
 
 LINGER_SECONDS = 30.0  # an idle notifier keeps its connection this long for the next waiter
-RECONNECT_FIRST, RECONNECT_MAX = 0.1, 5.0  # seconds between reconnection attempts, doubling
-
-
-class Backoff:
-    """Capped exponential delays: `RECONNECT_FIRST`, doubling up to `RECONNECT_MAX`.
-
-    >>> b = Backoff(); [b.next() for _ in range(8)]
-    [0.1, 0.2, 0.4, 0.8, 1.6, 3.2, 5.0, 5.0]
-    """
-
-    def __init__(self, first: float = RECONNECT_FIRST, cap: float = RECONNECT_MAX) -> None:
-        self.first, self.cap, self._delay = first, cap, first
-
-    def next(self) -> float:
-        delay, self._delay = self._delay, min(self._delay * 2, self.cap)
-        return delay
-
-    def reset(self) -> None:
-        self._delay = self.first
 
 
 class Subscription:
