@@ -22,7 +22,8 @@ from worker.cli.output import progress as progress_bar
 from worker.client import Client
 from worker.db import admin, migrate
 from worker.db.admin import blocking
-from worker.db.url import database_url, embedded_server, redact
+from worker.db.embedded import database_url, embedded_server
+from worker.db.url import redact
 from worker.settings import Settings
 from worker.stages import Pipeline
 from worker.tasks import Context, task

@@ -38,6 +38,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from worker.api.access import is_loopback
 from worker.api.errors import UNAVAILABLE, error_response, exception_handlers, json_response
 from worker.api.openapi import build_spec
 from worker.api.params import (
@@ -68,7 +69,6 @@ from worker.api.schemas import (
     ResumeBody,
     Stats,
 )
-from worker.api.server import is_loopback
 from worker.api.stream import job_event_stream
 from worker.client import AsyncClient, InvalidJob, InvalidTransition, JobNotFound
 from worker.db import admin

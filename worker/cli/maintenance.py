@@ -80,7 +80,7 @@ def db_stop() -> None:
 
     Example: worker db stop
     """
-    from worker.db.url import embedded_server
+    from worker.db.embedded import embedded_server
 
     embedded_server(settings()).stop()
     out.print("embedded PostgreSQL stopped")

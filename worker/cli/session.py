@@ -26,7 +26,7 @@ def settings() -> Settings:
 
 def url() -> str:
     """The database's URL: DATABASE_URL, or the embedded server's (started if need be)."""
-    from worker.db.url import database_url
+    from worker.db.embedded import database_url
 
     return database_url(settings())
 

@@ -38,7 +38,8 @@ from worker.client.waiting import AsyncGet, AsyncWake, done_waiters, pause, read
 from worker.db import sql
 from worker.db.connect import async_engine
 from worker.db.direct_async import AsyncDirectWrites
-from worker.db.url import database_url, psycopg_url
+from worker.db.embedded import database_url
+from worker.db.url import psycopg_url
 from worker.ids import new_job_id
 from worker.models import JSON, TERMINAL_STATUSES, JobStatus
 from worker.settings import get_settings

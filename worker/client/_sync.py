@@ -35,7 +35,8 @@ from worker.client.waiting import Get, Wake, done_waiters, pause, ready_for, tim
 from worker.db import sql
 from worker.db.connect import sync_engine
 from worker.db.direct_sync import DirectWrites
-from worker.db.url import database_url, psycopg_url
+from worker.db.embedded import database_url
+from worker.db.url import psycopg_url
 from worker.ids import new_job_id
 from worker.models import JSON, TERMINAL_STATUSES, JobStatus
 from worker.settings import get_settings

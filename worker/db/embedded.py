@@ -1,4 +1,5 @@
-"""A PostgreSQL server of our own, in a local data folder.
+"""A PostgreSQL server of our own, in a local data folder, and `database_url`: the URL given,
+or this server's when `DATABASE_URL` is unset.
 
 Used when `DATABASE_URL` is unset (the embedded default, so nothing has to be installed to try
 durable-worker) and by the test suite for its throwaway servers. The server binaries come from
@@ -22,7 +23,11 @@ import subprocess
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import lru_cache
 from pathlib import Path
+
+from worker.db.url import psycopg_url
+from worker.settings import Settings, get_settings
 
 SERVICE_USER = "postgres"  # used only when running as root: postgres refuses to run as root
 DATABASE = "worker"
@@ -252,3 +257,22 @@ class LocalPostgres:
         """Stop the server and delete its data folder."""
         self.stop(mode="immediate")
         shutil.rmtree(self.data_dir, ignore_errors=True)
+
+
+def embedded_server(settings: Settings) -> LocalPostgres:
+    """The embedded server of this settings' data folder (not started)."""
+    return LocalPostgres(Path(settings.data_dir) / "pg")
+
+
+@lru_cache(maxsize=8)
+def _embedded_url(data_dir: str) -> str:
+    # Migrated on first use, so trying durable-worker needs no `worker migrate` step.
+    return LocalPostgres(Path(data_dir) / "pg").start_migrated()
+
+
+def database_url(settings: Settings | None = None) -> str:
+    """The libpq URL to connect to, starting the embedded server when `DATABASE_URL` is unset."""
+    settings = settings or get_settings()
+    if settings.database_url:
+        return psycopg_url(settings.database_url)
+    return _embedded_url(settings.data_dir)

@@ -9,7 +9,8 @@ stage state in a dict, to test a pipeline without a database.
 from worker.models import StageRow
 from worker.stages.endings import StageDeadlineExceeded
 from worker.stages.memory import MemoryRuntime, MemoryStageStore, run_attempt
-from worker.stages.pipeline import ALL_DONE, ALL_SUCCESS, Pipeline, Stage, TriggerRule
+from worker.stages.pipeline import Pipeline
+from worker.stages.stage import ALL_DONE, ALL_SUCCESS, Stage, TriggerRule
 from worker.stages.store import StageStore
 
 __all__ = [

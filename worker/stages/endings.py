@@ -21,7 +21,7 @@ from worker.models import JSON, EventStatus, OutcomeKind, StageStatus
 from worker.tasks import Context, JobCancelled, PauseForResolution, Snooze
 
 if TYPE_CHECKING:
-    from worker.stages.pipeline import Stage
+    from worker.stages.stage import Stage
 
 
 class StageDeadlineExceeded(Exception):

@@ -49,39 +49,15 @@ from __future__ import annotations
 import inspect
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from enum import StrEnum
 from typing import Any, TypeVar, overload
 
 from worker.models import JSON, Outcome
 from worker.schema import MAX_TASK_NAME
 from worker.stages import runner
+from worker.stages.stage import ALL_DONE, ALL_SUCCESS, Stage, TriggerRule
 from worker.tasks import Context, register
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-class TriggerRule(StrEnum):
-    """When a stage runs. `ALL_SUCCESS`: only if every earlier stage succeeded.
-    `ALL_DONE`: after the other stages, whatever happened to them (a cleanup)."""
-
-    ALL_SUCCESS = "all_success"
-    ALL_DONE = "all_done"
-
-
-ALL_DONE = TriggerRule.ALL_DONE
-ALL_SUCCESS = TriggerRule.ALL_SUCCESS
-
-
-@dataclass
-class Stage:
-    """One stage of a pipeline: its function, when it runs, and its own deadline (seconds)."""
-
-    name: str
-    fn: Callable[..., Any]
-    rule: TriggerRule
-    deadline: float | None
-    is_async: bool
 
 
 class Pipeline:

@@ -52,7 +52,7 @@ from worker.stages.store import OPEN, StageStore
 from worker.tasks import Context
 
 if TYPE_CHECKING:
-    from worker.stages.pipeline import Pipeline, Stage
+    from worker.stages.stage import Stage, StageList
 
 log = logging.getLogger("worker.jobs")
 
@@ -113,7 +113,7 @@ def with_cleanup_errors(outcome: Outcome, errors: list[str]) -> Outcome:
     return outcome
 
 
-async def execute(pipeline: Pipeline, ctx: Context) -> Outcome:
+async def execute(pipeline: StageList, ctx: Context) -> Outcome:
     """Run one attempt of `pipeline` for the job `ctx` holds; the outcome for the daemon."""
     return await PipelineRun(pipeline, ctx).run()
 
@@ -121,7 +121,7 @@ async def execute(pipeline: Pipeline, ctx: Context) -> Outcome:
 class PipelineRun:
     """One attempt of a pipeline, phase by phase; `run` returns its outcome."""
 
-    def __init__(self, pipeline: Pipeline, ctx: Context) -> None:
+    def __init__(self, pipeline: StageList, ctx: Context) -> None:
         self.pipeline = pipeline
         self.ctx = ctx
         self.job = ctx.job
