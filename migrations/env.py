@@ -7,7 +7,8 @@ A caller may pass an open connection in `config.attributes["connection"]` (the t
 from alembic import context
 from sqlalchemy import create_engine, pool, text
 
-from worker.db.url import database_url, sqlalchemy_url
+from worker.db.embedded import database_url
+from worker.db.url import sqlalchemy_url
 from worker.schema import SCHEMA, metadata
 
 config = context.config

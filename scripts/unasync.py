@@ -47,6 +47,7 @@ SUBS = [
         r"\1",
     ),
     (r"\basync_engine\b", "sync_engine"),
+    (r"\baconnect\b", "connect"),
     (r"\bloop_owner\b", "no_owner"),
     (r"\b(direct)_async\b", r"\1_sync"),
     (r"\bworker\.client\._async\b", "worker.client._sync"),

@@ -25,8 +25,6 @@ from typing import Any
 import psycopg
 from psycopg.pq import TransactionStatus
 
-from worker.db.connect import connect_options
-
 Rows = list[tuple[Any, ...]]
 # The statement a write sends first, on a kept cursor.
 First = Callable[[psycopg.Cursor[Any]], Rows]
@@ -39,20 +37,12 @@ Owner = asyncio.AbstractEventLoop | None
 # Idle connections kept per client; more run at once only while callers overlap.
 MAX_IDLE = 5
 APPLICATION_NAME = "durable-worker client"
-_OPTIONS: dict[str, Any] = {
-    "autocommit": True,
-    "prepare_threshold": 0,  # prepared on first use: later calls skip parse and plan
-    "fallback_application_name": APPLICATION_NAME,
-}
+# Prepared on first use: later calls skip parse and plan.
+PREPARE_THRESHOLD = 0
 
 # Connections inherited through fork() are never used nor freed in the child: freeing one would
 # end the parent's session on the shared socket.
 inherited: list[Any] = []
-
-
-def options(url: str) -> dict[str, Any]:
-    """The keyword arguments of every kept connection to `url`."""
-    return {**connect_options(url, APPLICATION_NAME), **_OPTIONS}
 
 
 def reusable(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:

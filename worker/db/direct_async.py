@@ -14,15 +14,17 @@ from typing import Any
 
 import psycopg
 
+from worker.db.connect import aconnect
 from worker.db.direct import (
+    APPLICATION_NAME,
     MAX_IDLE,
+    PREPARE_THRESHOLD,
     AsyncFirst,
     Owner,
     Params,
     Rows,
     inherited,
     loop_owner,
-    options,
     reusable,
 )
 
@@ -33,7 +35,6 @@ class AsyncDirectWrites:
 
     def __init__(self, url: str) -> None:
         self.url = url
-        self._options = options(url)
         # A cursor kept with each connection: making one per call costs more than the call.
         # Beside each, its owner, in a list of its own: no pair is made per call.
         self._idle: list[psycopg.AsyncCursor[Any]] = []
@@ -84,7 +85,7 @@ class AsyncDirectWrites:
                 cur.connection.pgconn.finish()  # its loop is gone or elsewhere: no await on it
 
     async def _open(self) -> psycopg.AsyncCursor[Any]:
-        conn = await psycopg.AsyncConnection.connect(self.url, **self._options)
+        conn = await aconnect(self.url, APPLICATION_NAME, prepare_threshold=PREPARE_THRESHOLD)
         return conn.cursor()
 
     async def _take(self) -> psycopg.AsyncCursor[Any]:

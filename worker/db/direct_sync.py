@@ -14,15 +14,17 @@ from typing import Any
 
 import psycopg
 
+from worker.db.connect import connect
 from worker.db.direct import (
+    APPLICATION_NAME,
     MAX_IDLE,
+    PREPARE_THRESHOLD,
     First,
     Owner,
     Params,
     Rows,
     inherited,
     no_owner,
-    options,
     reusable,
 )
 
@@ -33,7 +35,6 @@ class DirectWrites:
 
     def __init__(self, url: str) -> None:
         self.url = url
-        self._options = options(url)
         # A cursor kept with each connection: making one per call costs more than the call.
         # Beside each, its owner, in a list of its own: no pair is made per call.
         self._idle: list[psycopg.Cursor[Any]] = []
@@ -84,7 +85,7 @@ class DirectWrites:
                 cur.connection.pgconn.finish()  # its loop is gone or elsewhere: no on it
 
     def _open(self) -> psycopg.Cursor[Any]:
-        conn = psycopg.Connection.connect(self.url, **self._options)
+        conn = connect(self.url, APPLICATION_NAME, prepare_threshold=PREPARE_THRESHOLD)
         return conn.cursor()
 
     def _take(self) -> psycopg.Cursor[Any]:
