@@ -38,7 +38,6 @@ from worker.daemon.plugins import Heartbeat, Plugin, Rescuer, Retention
 from worker.daemon.stage_store import DaemonStageStore
 from worker.db.driver import Closable, Driver, RecordedOutcome, Registration
 from worker.db.errors import TRANSIENT, describe
-from worker.db.notifier import notifier
 from worker.db.postgres import PostgresDriver
 from worker.events import PostgresBus, ProgressBus
 from worker.logs import fields
@@ -233,8 +232,6 @@ class Worker:
             await asyncio.wait_for(self.driver.deregister_worker(self.id), 10)
         for subscription in self._subscriptions:
             subscription.close()
-        if isinstance(self.driver, PostgresDriver):  # its listening session goes with the worker
-            notifier(self.driver.url).retire_if_unused()
         for task in duties:
             task.cancel()
         await asyncio.gather(*duties, return_exceptions=True)

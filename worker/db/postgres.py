@@ -200,6 +200,9 @@ class PostgresDriver:
             self.events_connection = None
         await self.claims.close()
         await self.pool.close()
+        # The listening session this driver's subscriptions used goes now, not a linger later,
+        # unless someone else in the process still listens.
+        notifier(self.url, LISTENER_NAME).retire_if_unused()
 
     async def confirm_reachable(self) -> None:
         # A new session is the proof: a server shutting down still answers on sessions it has
