@@ -27,11 +27,14 @@ from worker.client.targets import (
     rows,
 )
 from worker.client.validation import (
+    UNIQUE_TRIES,
+    Batch,
     JobSpec,
     job_id_of,
     prepared_many,
     prune_params,
     stored_json,
+    unsettled_key,
     validated,
 )
 from worker.client.waiting import AsyncGet, AsyncWake, done_waiters, pause, ready_for, time_left
@@ -108,20 +111,41 @@ class AsyncClient:
         delay: float | timedelta = 0.0,
         run_at: datetime | None = None,
         max_retries: int | None = None,
+        unique_key: str | None = None,
         connection: AsyncTarget = None,
     ) -> Job:
         """Enqueue one job; returns its handle. Refused with `InvalidJob` before anything is
         written if the payload is not a JSON object or an option is out of range.
 
+        With `unique_key`, while a pending, processing or paused job holds that key, nothing
+        is inserted: the handle is that job's, with `duplicate` true.
+
         >>> await client.enqueue("send_email", {"to": "ada@example.com"})  # doctest: +SKIP
+        >>> await client.enqueue("bill", {"id": 42}, unique_key="bill:42")  # doctest: +SKIP
         """
         spec = JobSpec(
-            task, {} if payload is None else payload, queue, priority, delay, run_at, max_retries
+            task,
+            {} if payload is None else payload,
+            queue,
+            priority,
+            delay,
+            run_at,
+            max_retries,
+            unique_key,
         )
         params = validated(spec, self.max_payload_bytes)
         params["id"] = new_job_id()
-        ((id_, due),) = await self._insert(sql.ENQUEUE, sql.ENQUEUE_AGAIN, params, connection, True)
-        return new_job(id_, spec, self, due)
+        if unique_key is None:
+            inserted = await self._insert(sql.ENQUEUE, sql.ENQUEUE_AGAIN, params, connection, True)
+            ((id_, due),) = inserted
+            return new_job(id_, spec, self, due)
+        for _ in range(UNIQUE_TRIES):
+            statement = sql.ENQUEUE_UNIQUE  # safe to run again, as it is
+            found = await self._insert(statement, statement, params, connection, True)
+            if found:
+                ((id_, due),) = found
+                return new_job(id_, spec, self, due, duplicate=str(id_) != params["id"])
+        raise unsettled_key(unique_key)
 
     async def enqueue_many(
         self,
@@ -139,6 +163,14 @@ class AsyncClient:
         batch = prepared_many(jobs, self.max_payload_bytes)
         if not batch.specs:
             return []
+        if batch.unique:
+            found = await self._insert_unique(batch.sent(), connection)
+            # A job sharing its key with an earlier one of the batch gets that one's job.
+            held = [found[batch.ids[batch.same_as.get(i, i)]] for i in range(len(batch.ids))]
+            return [
+                new_job(job_id, spec, self, duplicate=job_id != asked)
+                for job_id, asked, spec in zip(held, batch.ids, batch.specs, strict=True)
+            ]
         copy_rows = batch.copy_rows() if connection is None else None
         if copy_rows is not None:
             await self._direct.copy(
@@ -149,6 +181,20 @@ class AsyncClient:
                 sql.ENQUEUE_MANY, sql.ENQUEUE_MANY_AGAIN, batch.params(), connection, False
             )
         return [new_job(i, s, self) for i, s in zip(batch.ids, batch.specs, strict=True)]
+
+    async def _insert_unique(self, batch: Batch, connection: AsyncTarget) -> dict[str, str]:
+        """Each job's id in the database, by the id it was sent with: its own, or that of the
+        live job holding its unique key."""
+        found: dict[str, str] = {}
+        for _ in range(UNIQUE_TRIES):
+            rows_ = await self._insert(
+                sql.ENQUEUE_MANY_UNIQUE, sql.ENQUEUE_MANY_UNIQUE, batch.params(), connection, True
+            )
+            found.update({str(asked): str(id_) for asked, id_ in rows_ if id_ is not None})
+            batch = batch.without(found)
+            if not batch.ids:
+                return found
+        raise unsettled_key(str(batch.rows[0]["unique_key"]))
 
     async def get(self, job_id: str | UUID) -> Job:
         """The job's current state, with its stages; `JobNotFound` if there is no such job."""

@@ -54,6 +54,8 @@ class Job:
     finished_at: datetime | None = None
     run_at: datetime | None = None
     stages: list[dict[str, JSON]] = field(default_factory=list)
+    # The enqueue that made this handle found a live job with its unique key: this is that job.
+    duplicate: bool = False
     client: Client | AsyncClient | None = field(default=None, repr=False, compare=False)
 
     @property
@@ -89,9 +91,10 @@ class Job:
         return default_client()
 
     def update(self, other: Job) -> Job:
-        """Take every field of `other` but its client; returns the handle itself."""
+        """Take every field of `other` but its client (and what its enqueue found); returns the
+        handle itself."""
         for name in self.__dataclass_fields__:
-            if name != "client":
+            if name not in ("client", "duplicate"):
                 setattr(self, name, getattr(other, name))
         return self
 
@@ -185,11 +188,17 @@ def job_from_row(row: Row[Any], stages: Sequence[Row[Any]], client: Client | Asy
 
 
 def new_job(
-    job_id: object, spec: JobSpec, client: Client | AsyncClient, run_at: datetime | None = None
+    job_id: object,
+    spec: JobSpec,
+    client: Client | AsyncClient,
+    run_at: datetime | None = None,
+    duplicate: bool = False,
 ) -> Job:
-    """The handle of a job just enqueued from `spec`."""
+    """The handle of a job just enqueued from `spec` (or, `duplicate`, of the live job that
+    held its unique key)."""
     return Job(
         job_id=str(job_id),
+        duplicate=duplicate,
         task=spec.task,
         queue=spec.queue,
         payload=spec.payload,

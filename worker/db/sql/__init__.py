@@ -54,6 +54,8 @@ from worker.db.sql.enqueue import (
     ENQUEUE_MANY,
     ENQUEUE_MANY_AGAIN,
     ENQUEUE_MANY_COPY,
+    ENQUEUE_MANY_UNIQUE,
+    ENQUEUE_UNIQUE,
 )
 from worker.db.sql.events import (
     PUBLISH_EVENTS,
@@ -90,6 +92,8 @@ __all__ = [
     "ENQUEUE_MANY",
     "ENQUEUE_MANY_AGAIN",
     "ENQUEUE_MANY_COPY",
+    "ENQUEUE_MANY_UNIQUE",
+    "ENQUEUE_UNIQUE",
     "FIND_JOBS",
     "GET_JOB",
     "GET_STAGES",
