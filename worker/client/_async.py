@@ -17,6 +17,7 @@ from uuid import UUID
 
 from worker.client.errors import InvalidTransition, JobNotFound
 from worker.client.job import Job, cancel_result, job_from_row, new_job
+from worker.client.queues import QueueState, limit_params, queue_name
 from worker.client.targets import (
     ASYNC_TAKES,
     AsyncConnection,
@@ -257,6 +258,49 @@ class AsyncClient:
             removed += n
             if n < batch_size:
                 return removed
+
+    # -- queues -----------------------------------------------------------------------------
+
+    async def queues(self) -> list[QueueState]:
+        """Every queue with live jobs or controls: paused or not, its limits, its depth."""
+        return [QueueState.of(row) for row in await self._run(sql.QUEUE_STATES, {"name": None})]
+
+    async def queue(self, name: str) -> QueueState:
+        """One queue's state (an unknown queue is running, unlimited and empty)."""
+        params = {"name": queue_name(name)}
+        found = [QueueState.of(row) for row in await self._run(sql.QUEUE_STATES, params)]
+        return found[0] if found else QueueState(name, False, None, None, None, 0, 0)
+
+    async def pause_queue(self, name: str) -> QueueState:
+        """Stop every worker claiming from the queue, from its next claim on; running jobs
+        finish. A job whose cancel was requested still settles.
+
+        >>> await client.pause_queue("emails")                      # doctest: +SKIP
+        """
+        await self._run(sql.PAUSE_QUEUE, {"name": queue_name(name)})
+        return await self.queue(name)
+
+    async def resume_queue(self, name: str) -> QueueState:
+        """Let workers claim from the queue again, waking the idle ones at once."""
+        await self._run(sql.RESUME_QUEUE, {"name": queue_name(name)})
+        return await self.queue(name)
+
+    async def limit_queue(
+        self,
+        name: str,
+        *,
+        concurrency: int | None = None,
+        rate: float | None = None,
+        burst: float | None = None,
+    ) -> QueueState:
+        """Cap the queue's jobs running at once across all workers (`concurrency`), and how
+        many start per second (`rate`, a token bucket holding `burst`, by default a second's
+        worth). None lifts a limit: `limit_queue(name)` lifts both.
+
+        >>> await client.limit_queue("emails", concurrency=2, rate=10)    # doctest: +SKIP
+        """
+        await self._run(sql.LIMIT_QUEUE, limit_params(name, concurrency, rate, burst))
+        return await self.queue(name)
 
 
 async def wait_done(job: Job, get: AsyncGet, url: str, deadline: float | None) -> JSON:

@@ -14,6 +14,7 @@ from uuid import UUID
 
 from worker.client.errors import InvalidTransition, JobNotFound
 from worker.client.job import Job, cancel_result, job_from_row, new_job
+from worker.client.queues import QueueState, limit_params, queue_name
 from worker.client.targets import (
     SYNC_TAKES,
     Connection,
@@ -254,6 +255,49 @@ class Client:
             removed += n
             if n < batch_size:
                 return removed
+
+    # -- queues -----------------------------------------------------------------------------
+
+    def queues(self) -> list[QueueState]:
+        """Every queue with live jobs or controls: paused or not, its limits, its depth."""
+        return [QueueState.of(row) for row in self._run(sql.QUEUE_STATES, {"name": None})]
+
+    def queue(self, name: str) -> QueueState:
+        """One queue's state (an unknown queue is running, unlimited and empty)."""
+        params = {"name": queue_name(name)}
+        found = [QueueState.of(row) for row in self._run(sql.QUEUE_STATES, params)]
+        return found[0] if found else QueueState(name, False, None, None, None, 0, 0)
+
+    def pause_queue(self, name: str) -> QueueState:
+        """Stop every worker claiming from the queue, from its next claim on; running jobs
+        finish. A job whose cancel was requested still settles.
+
+        >>> client.pause_queue("emails")                      # doctest: +SKIP
+        """
+        self._run(sql.PAUSE_QUEUE, {"name": queue_name(name)})
+        return self.queue(name)
+
+    def resume_queue(self, name: str) -> QueueState:
+        """Let workers claim from the queue again, waking the idle ones at once."""
+        self._run(sql.RESUME_QUEUE, {"name": queue_name(name)})
+        return self.queue(name)
+
+    def limit_queue(
+        self,
+        name: str,
+        *,
+        concurrency: int | None = None,
+        rate: float | None = None,
+        burst: float | None = None,
+    ) -> QueueState:
+        """Cap the queue's jobs running at once across all workers (`concurrency`), and how
+        many start per second (`rate`, a token bucket holding `burst`, by default a second's
+        worth). None lifts a limit: `limit_queue(name)` lifts both.
+
+        >>> client.limit_queue("emails", concurrency=2, rate=10)    # doctest: +SKIP
+        """
+        self._run(sql.LIMIT_QUEUE, limit_params(name, concurrency, rate, burst))
+        return self.queue(name)
 
 
 def wait_done(job: Job, get: Get, url: str, deadline: float | None) -> JSON:

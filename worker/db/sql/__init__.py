@@ -10,6 +10,7 @@ says in one line why it is safe. Callers name a statement as `sql.CLAIM`, wherev
 - `actions`: cancel, resume, retry and read one job; retention;
 - `stages`: a pipeline's stage bookkeeping;
 - `events`: progress events;
+- `queues`: pausing, resuming and limiting a queue, and each queue's state;
 - `admin`: the read-only questions of the HTTP edge, the CLI and the metrics, the CLI's
   bulk writes, and the demo's and the bench's questions about their own jobs.
 """
@@ -70,6 +71,7 @@ from worker.db.sql.liveness import (
     RELEASE,
     RESCUE,
 )
+from worker.db.sql.queues import LIMIT_QUEUE, PAUSE_QUEUE, QUEUE_STATES, RESUME_QUEUE
 from worker.db.sql.stages import (
     RECORD_FINAL_ERROR,
     STAGE_WRITES,
@@ -103,11 +105,14 @@ __all__ = [
     "JOB_STATS",
     "JOB_STATUS",
     "LAST_EVENTS",
+    "LIMIT_QUEUE",
     "LIST_WORKERS",
     "LOAD_STAGES",
     "OUTCOMES",
+    "PAUSE_QUEUE",
     "PRUNE_BATCH",
     "PUBLISH_EVENTS",
+    "QUEUE_STATES",
     "QUEUE_STATS",
     "READ_EVENTS",
     "RECORD_FINAL_ERROR",
@@ -116,6 +121,7 @@ __all__ = [
     "RELEASE",
     "RESCUE",
     "RESUME",
+    "RESUME_QUEUE",
     "RETRY",
     "RETRY_BATCH",
     "SET_LEASE",
