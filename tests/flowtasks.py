@@ -53,3 +53,9 @@ def occupies(payload: dict[str, Any], ctx: Any) -> None:
     record(ctx.job_id, "start")
     time.sleep(float(payload.get("seconds", 0.3)))
     record(ctx.job_id, "end")
+
+
+@task(concurrency=2, concurrency_key=lambda payload: f"customer:{payload['customer']}")
+def per_customer(payload: dict[str, Any], ctx: Any) -> None:
+    """At most two jobs of one customer at once, whichever workers run them."""
+    occupies(payload, ctx)

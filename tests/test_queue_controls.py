@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 
 import pytest
+from flowtasks import per_customer
 from support.waiting import wait_until
 
 from worker import Client, InvalidJob, JobSpec
@@ -17,11 +18,15 @@ def client(database_url):
     return Client(database_url)
 
 
-def intervals(db) -> list[tuple[float, float]]:
-    """Each job's (start, end), in seconds since the epoch, from its effects."""
+def intervals(db, key: str | None = None) -> list[tuple[float, float]]:
+    """Each job's (start, end), in seconds since the epoch, from its effects; only the jobs of
+    concurrency key `key` if given."""
     rows = db.query(
-        "SELECT extract(epoch FROM min(at) FILTER (WHERE kind = 'start')), "
-        "extract(epoch FROM max(at) FILTER (WHERE kind = 'end')) FROM effects GROUP BY job"
+        "SELECT extract(epoch FROM min(e.at) FILTER (WHERE e.kind = 'start')), "
+        "extract(epoch FROM max(e.at) FILTER (WHERE e.kind = 'end')) "
+        "FROM effects AS e JOIN worker.jobs AS j ON j.id::text = e.job "
+        "WHERE %(key)s::text IS NULL OR j.concurrency_key = %(key)s GROUP BY e.job",
+        {"key": key},
     )
     return [(float(s), float(e)) for s, e in rows if s is not None and e is not None]
 
@@ -46,6 +51,31 @@ def test_a_queue_limited_to_two_runs_two_at_once_across_three_workers(env, db, p
         job.wait_sync(timeout=60)
     assert all(job.status == "completed" for job in jobs)
     assert most_at_once(intervals(db)) == 2
+
+
+def test_jobs_sharing_a_concurrency_key_run_at_most_their_task_s_limit_across_workers(
+    env, db, processes, client
+):
+    for _ in range(3):
+        processes.worker(env, "flowtasks", extra={"WORKER_CONCURRENCY": "4"})
+    specs = [per_customer.spec({"customer": "a", "seconds": 0.4}) for _ in range(8)]
+    specs += [per_customer.spec({"customer": "b", "seconds": 0.4}) for _ in range(4)]
+    jobs = client.enqueue_many(specs)
+    for job in jobs:
+        job.wait_sync(timeout=60)
+    assert all(job.status == "completed" for job in jobs)
+    assert most_at_once(intervals(db, "customer:a")) == 2
+    assert most_at_once(intervals(db, "customer:b")) == 2
+    assert most_at_once(intervals(db)) > 2  # different keys do not wait for each other
+
+
+def test_a_concurrency_key_given_at_enqueue_limits_to_one_by_default(env, db, processes, client):
+    for _ in range(2):
+        processes.worker(env, "flowtasks", extra={"WORKER_CONCURRENCY": "4"})
+    jobs = [client.enqueue("occupies", {"seconds": 0.3}, concurrency_key="k") for _ in range(5)]
+    for job in jobs:
+        job.wait_sync(timeout=60)
+    assert most_at_once(intervals(db, "k")) == 1
 
 
 def test_a_paused_queue_starts_nothing_until_it_is_resumed(env, db, processes, client):

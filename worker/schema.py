@@ -65,6 +65,8 @@ jobs = Table(
     Column("final_error", Text, nullable=True),
     # While a job with a key is live, no other job takes that key (migration 0008).
     Column("unique_key", Text, nullable=True),
+    # Jobs sharing a key run at most their task's `concurrency` at once (migration 0008).
+    Column("concurrency_key", Text, nullable=True),
     CheckConstraint(f"status IN ({_status_list})", name="jobs_status_valid"),
     CheckConstraint(
         f"char_length(task) BETWEEN 1 AND {MAX_TASK_NAME}", name="jobs_task_name_length"
@@ -96,6 +98,14 @@ jobs = Table(
     ),
     Index("jobs_created_idx", "created_at"),
     CheckConstraint("char_length(unique_key) BETWEEN 1 AND 255", name="jobs_unique_key_length"),
+    CheckConstraint(
+        "char_length(concurrency_key) BETWEEN 1 AND 255", name="jobs_concurrency_key_length"
+    ),
+    Index(
+        "jobs_concurrency_key_idx",
+        "concurrency_key",
+        postgresql_where=text("status = 'processing' AND concurrency_key IS NOT NULL"),
+    ),
     Index(
         "jobs_unique_key_idx",
         "unique_key",

@@ -181,6 +181,8 @@ class Task(Generic[PayloadT, R]):
         is_async: bool = False,
         retries: RetryRules = DEFAULT_RULES,
         model: type[BaseModel] | None = None,
+        concurrency: int | None = None,
+        concurrency_key: Callable[[Any], str] | None = None,
     ) -> None:
         self.name = name
         self.fn = fn
@@ -189,6 +191,10 @@ class Task(Generic[PayloadT, R]):
         self.is_async = is_async
         self.retries = retries
         self.model = model
+        # At most `concurrency` jobs sharing a key run at once, across all workers; the key of
+        # a job enqueued through this handle is `concurrency_key(payload)`.
+        self.concurrency = concurrency
+        self.concurrency_key = concurrency_key
         functools.update_wrapper(self, fn)
 
     def __repr__(self) -> str:
@@ -211,25 +217,28 @@ class Task(Generic[PayloadT, R]):
         args: tuple[Any, ...] = (payload, ctx) if self.wants_context else (payload,)
         return Outcome(OutcomeKind.COMPLETED, result=await call(ctx, self.fn, self.is_async, *args))
 
-    def payload_of(self, payload: PayloadT | dict[str, JSON] | None) -> dict[str, JSON]:
-        """The payload as stored: a model dumped to JSON, after it (or a dict) was validated
-        against the task's model; `InvalidJob` naming the field that does not fit."""
-        if self.model is None:
-            return {} if payload is None else payload  # type: ignore[return-value]
-        try:
-            model = (
-                payload
-                if isinstance(payload, self.model)
-                else self.model.model_validate({} if payload is None else payload)
-            )
-        except ValidationError as exc:
-            raise InvalidJob(f"payload {field_error(exc)}") from None
-        dumped: dict[str, JSON] = model.model_dump(mode="json")
-        return dumped
+    def prepared(
+        self, payload: PayloadT | dict[str, JSON] | None, options: dict[str, Any]
+    ) -> tuple[dict[str, JSON], dict[str, Any]]:
+        """The payload as stored and the enqueue's options: a model is dumped to JSON once it
+        (or a dict) was validated against the task's model (`InvalidJob` naming the field
+        that does not fit), and the job's concurrency key is the task's for this payload."""
+        given: Any = {} if payload is None else payload
+        stored: dict[str, JSON] = given
+        if self.model is not None:
+            try:
+                given = given if isinstance(given, self.model) else self.model.model_validate(given)
+            except ValidationError as exc:
+                raise InvalidJob(f"payload {field_error(exc)}") from None
+            stored = given.model_dump(mode="json")
+        if self.concurrency_key is not None and options.get("concurrency_key") is None:
+            options = {**options, "concurrency_key": self.concurrency_key(given)}
+        return stored, options
 
     def spec(self, payload: PayloadT | dict[str, JSON] | None = None, **options: Any) -> JobSpec:
         """A `JobSpec` of this task for `enqueue_many`, its payload validated first."""
-        return JobSpec(self.name, self.payload_of(payload), **options)
+        stored, options = self.prepared(payload, options)
+        return JobSpec(self.name, stored, **options)
 
     def enqueue(
         self,
@@ -242,7 +251,8 @@ class Task(Generic[PayloadT, R]):
         `Client.enqueue` for the options."""
         from worker.client import default_client
 
-        return (client or default_client()).enqueue(self.name, self.payload_of(payload), **options)
+        stored, given = self.prepared(payload, dict(options))
+        return (client or default_client()).enqueue(self.name, stored, **given)
 
     async def enqueue_async(
         self,
@@ -252,7 +262,8 @@ class Task(Generic[PayloadT, R]):
         **options: Unpack[AsyncEnqueueOptions],
     ) -> Job:
         """`enqueue` on an `AsyncClient`."""
-        return await client.enqueue(self.name, self.payload_of(payload), **options)
+        stored, given = self.prepared(payload, dict(options))
+        return await client.enqueue(self.name, stored, **given)
 
 
 def field_error(exc: ValidationError) -> str:
@@ -306,6 +317,8 @@ def task(
     max_retries: int | None = None,
     backoff: Backoff | None = None,
     give_up_on: type[BaseException] | tuple[type[BaseException], ...] = (),
+    concurrency: int | None = None,
+    concurrency_key: Callable[[Any], str] | None = None,
 ) -> _Decorator: ...
 
 
@@ -318,11 +331,15 @@ def task(
     max_retries: int | None = None,
     backoff: Backoff | None = None,
     give_up_on: type[BaseException] | tuple[type[BaseException], ...] = (),
+    concurrency: int | None = None,
+    concurrency_key: Callable[[Any], str] | None = None,
 ) -> Any:
     """Register a function as a task; the worker runs it for jobs naming it. Returns its
     `Task`, callable as the function was, with `enqueue` and `enqueue_async`.
 
     `max_retries`, `backoff` and `give_up_on` are its retry policy (`worker.retries`).
+    `concurrency_key` names a job's key from its payload, and `concurrency` (1 by default) is
+    how many jobs sharing a key may run at once, across all workers.
 
     >>> @task
     ... def add(payload):
@@ -334,6 +351,14 @@ def task(
     ...     return {"sent": True}
     """
     retry_rules = rules(max_retries, backoff, give_up_on)
+    if concurrency is not None and (
+        isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1
+    ):
+        raise ValueError(f"concurrency must be an integer of at least 1, not {concurrency!r}")
+    if concurrency is not None and concurrency_key is None:
+        raise ValueError("concurrency needs a concurrency_key: the jobs it applies to share one")
+    if concurrency_key is not None and not callable(concurrency_key):
+        raise ValueError("concurrency_key must be a function of the payload, returning a str")
 
     def decorate(f: Callable[..., Any]) -> Task[Any, Any]:
         params = [
@@ -349,6 +374,8 @@ def task(
             is_async=inspect.iscoroutinefunction(f),
             retries=retry_rules,
             model=_payload_model(f, params[0] if params else None),
+            concurrency=None if concurrency_key is None else concurrency or 1,
+            concurrency_key=concurrency_key,
         )
         register(entry)
         return entry

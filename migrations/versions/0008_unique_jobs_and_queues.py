@@ -1,4 +1,4 @@
-"""unique jobs, and queues an operator can pause, limit and rate-limit
+"""unique jobs, concurrency keys, and queues an operator can pause, limit and rate-limit
 
 Revision ID: 0008
 Revises: 0007
@@ -19,6 +19,12 @@ processing jobs (counted from the rows, so a killed worker's jobs count until th
 rescued, and no slot leaks), and no more than its token bucket holds. The claims of a limited
 queue take turns on its row's lock, so that each counts the claims committed before it.
 `worker.queue_tokens(row)` is how full a queue's bucket is now.
+
+Concurrency keys: `worker.jobs.concurrency_key`; jobs sharing a key run at most as many at
+once as their task allows, across all workers. `worker.concurrency_key_free(key, limit)` is
+that rule: the claims of one key take turns on an advisory lock, count the key's processing
+jobs once they hold it, and count what the claim itself took so far in a setting local to its
+transaction. A job skipped for its key stays pending for a later claim.
 
 Adding the column is instant; building the index reads worker.jobs once, holding off inserts
 meanwhile.
@@ -88,7 +94,34 @@ BEGIN
 END $$
 """
 
-# As 0001's, with `unique_key`: a job already holding the key is returned instead of a new one.
+# The count made once the lock is held sees every claim of the key committed before this one;
+# a key found full is remembered for the rest of the claim, which then skips its other jobs
+# without asking again.
+KEY_FUNCTION = """
+CREATE FUNCTION worker.concurrency_key_free(key text, key_limit integer) RETURNS boolean
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    name text := 'worker.key_' || md5(key);
+    taken text := current_setting(name, true);
+BEGIN
+    IF taken = 'full' THEN
+        RETURN false;
+    END IF;
+    PERFORM pg_advisory_xact_lock(hashtextextended('worker.concurrency_key:' || key, 0));
+    IF coalesce(nullif(taken, ''), '0')::integer + (
+        SELECT count(*) FROM worker.jobs AS j
+        WHERE j.concurrency_key = key AND j.status = 'processing'
+    ) >= key_limit THEN
+        PERFORM set_config(name, 'full', true);
+        RETURN false;
+    END IF;
+    PERFORM set_config(name, (coalesce(nullif(taken, ''), '0')::integer + 1)::text, true);
+    RETURN true;
+END $$
+"""
+
+# As 0001's, with `unique_key` (a job already holding the key is returned instead of a new one)
+# and `concurrency_key`.
 # Each statement of the loop reads a new snapshot, so a conflicting job committed meanwhile is
 # found; if it ended in between, the insert is tried again.
 ENQUEUE_FUNCTION = """
@@ -99,15 +132,17 @@ CREATE FUNCTION worker.enqueue(
     priority integer DEFAULT 0,
     run_at timestamptz DEFAULT now(),
     max_retries integer DEFAULT NULL,
-    unique_key text DEFAULT NULL
+    unique_key text DEFAULT NULL,
+    concurrency_key text DEFAULT NULL
 ) RETURNS uuid LANGUAGE plpgsql AS $$
 DECLARE
     job uuid;
 BEGIN
     FOR attempt IN 1..5 LOOP
-        INSERT INTO worker.jobs (task, payload, queue, priority, run_at, max_retries, unique_key)
+        INSERT INTO worker.jobs (task, payload, queue, priority, run_at, max_retries,
+                                 unique_key, concurrency_key)
         VALUES (enqueue.task, enqueue.payload, enqueue.queue, enqueue.priority, enqueue.run_at,
-                enqueue.max_retries, enqueue.unique_key)
+                enqueue.max_retries, enqueue.unique_key, enqueue.concurrency_key)
         ON CONFLICT DO NOTHING
         RETURNING id INTO job;
         IF job IS NULL THEN
@@ -124,7 +159,7 @@ END $$
 """
 
 OLD_ENQUEUE = "worker.enqueue(text, jsonb, text, integer, timestamptz, integer)"
-NEW_ENQUEUE = "worker.enqueue(text, jsonb, text, integer, timestamptz, integer, text)"
+NEW_ENQUEUE = "worker.enqueue(text, jsonb, text, integer, timestamptz, integer, text, text)"
 
 
 def _grants(enqueue: str, queues: bool) -> str:
@@ -178,6 +213,16 @@ def upgrade() -> None:
         f"CREATE UNIQUE INDEX jobs_unique_key_idx ON worker.jobs (unique_key) "
         f"WHERE unique_key IS NOT NULL AND {LIVE}"
     )
+    op.execute("ALTER TABLE worker.jobs ADD COLUMN concurrency_key text")
+    op.execute(
+        "ALTER TABLE worker.jobs ADD CONSTRAINT jobs_concurrency_key_length "
+        "CHECK (char_length(concurrency_key) BETWEEN 1 AND 255)"
+    )
+    op.execute(
+        "CREATE INDEX jobs_concurrency_key_idx ON worker.jobs (concurrency_key) "
+        "WHERE status = 'processing' AND concurrency_key IS NOT NULL"
+    )
+    op.execute(KEY_FUNCTION)
     op.execute(f"DROP FUNCTION {OLD_ENQUEUE}")
     op.execute(ENQUEUE_FUNCTION)
     op.execute(QUEUES_TABLE)
@@ -188,6 +233,9 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    op.execute("DROP FUNCTION worker.concurrency_key_free(text, integer)")
+    op.execute("DROP INDEX worker.jobs_concurrency_key_idx")
+    op.execute("ALTER TABLE worker.jobs DROP COLUMN concurrency_key")
     op.execute("DROP FUNCTION worker.queue_budget(text, integer)")
     op.execute("DROP FUNCTION worker.queue_tokens(worker.queues)")
     op.execute("DROP TABLE worker.queues")

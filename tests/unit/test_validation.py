@@ -127,6 +127,7 @@ def test_a_good_job_becomes_the_parameters_of_its_insert():
         "delay": 3.0,
         "max_retries": 2,
         "unique_key": "add:1",
+        "concurrency_key": None,
     }
 
 
@@ -155,7 +156,7 @@ def test_a_batch_is_sent_as_json_rows_that_read_back_as_its_jobs():
     assert all(UUID(i).version == 7 for i in batch.ids)
     assert rows[0] == {
         "i": batch.ids[0], "t": 't"1', "p": {"k": "v\n"}, "q": "q\t",
-        "pr": 3, "ra": None, "d": 1.5, "mr": 4, "u": 'k"1',
+        "pr": 3, "ra": None, "d": 1.5, "mr": 4, "u": 'k"1', "ck": None,
     }  # fmt: skip
     assert rows[1]["ra"] == due.isoformat() and rows[1]["mr"] is None
     assert batch.copy_rows() is None  # a waiting job needs the server's clock: no COPY

@@ -113,13 +113,15 @@ class AsyncClient:
         run_at: datetime | None = None,
         max_retries: int | None = None,
         unique_key: str | None = None,
+        concurrency_key: str | None = None,
         connection: AsyncTarget = None,
     ) -> Job:
         """Enqueue one job; returns its handle. Refused with `InvalidJob` before anything is
         written if the payload is not a JSON object or an option is out of range.
 
         With `unique_key`, while a pending, processing or paused job holds that key, nothing
-        is inserted: the handle is that job's, with `duplicate` true.
+        is inserted: the handle is that job's, with `duplicate` true. Jobs sharing a
+        `concurrency_key` run at most their task's `concurrency` at once (1 by default).
 
         >>> await client.enqueue("send_email", {"to": "ada@example.com"})  # doctest: +SKIP
         >>> await client.enqueue("bill", {"id": 42}, unique_key="bill:42")  # doctest: +SKIP
@@ -133,6 +135,7 @@ class AsyncClient:
             run_at,
             max_retries,
             unique_key,
+            concurrency_key,
         )
         params = validated(spec, self.max_payload_bytes)
         params["id"] = new_job_id()

@@ -18,6 +18,7 @@ class _Options(TypedDict, total=False):
     run_at: datetime | None
     max_retries: int | None
     unique_key: str | None
+    concurrency_key: str | None
 
 
 class EnqueueOptions(_Options, total=False):

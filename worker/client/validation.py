@@ -36,7 +36,7 @@ class JobSpec:
 
     >>> JobSpec("send_email", {"to": "ada@example.com"}, queue="emails", delay=60)
     JobSpec(task='send_email', payload={'to': 'ada@example.com'}, queue='emails', priority=0, \
-delay=60, run_at=None, max_retries=None, unique_key=None)
+delay=60, run_at=None, max_retries=None, unique_key=None, concurrency_key=None)
     """
 
     task: str
@@ -48,6 +48,8 @@ delay=60, run_at=None, max_retries=None, unique_key=None)
     max_retries: int | None = None
     # While a pending, processing or paused job holds this key, enqueueing another returns it.
     unique_key: str | None = None
+    # Jobs sharing this key run at most their task's `concurrency` at once, across workers.
+    concurrency_key: str | None = None
 
 
 # Tries of an enqueue with a unique key: each finds the job holding the key, unless that job
@@ -138,6 +140,8 @@ def validated(spec: JobSpec, max_bytes: int) -> dict[str, Any]:
         raise InvalidJob(f"max_retries must be an integer from 0 to {MAX_RETRIES_LIMIT}")
     if spec.unique_key is not None and _bad_name(spec.unique_key, 255):
         raise InvalidJob("unique_key must be a string of 1 to 255 characters, with no NUL")
+    if spec.concurrency_key is not None and _bad_name(spec.concurrency_key, 255):
+        raise InvalidJob("concurrency_key must be a string of 1 to 255 characters, with no NUL")
     delay = spec.delay.total_seconds() if isinstance(spec.delay, timedelta) else spec.delay
     if (
         not isinstance(delay, int | float)
@@ -161,6 +165,7 @@ def validated(spec: JobSpec, max_bytes: int) -> dict[str, Any]:
         "delay": float(delay),
         "max_retries": spec.max_retries,
         "unique_key": spec.unique_key,
+        "concurrency_key": spec.concurrency_key,
     }
 
 
@@ -207,22 +212,25 @@ class Batch:
         names = self._names(dumps)
         parts = []
         for id_, r in zip(self.ids, self.rows, strict=True):
-            run_at, retries, key = r["run_at"], r["max_retries"], r["unique_key"]
+            run_at, retries = r["run_at"], r["max_retries"]
             ra = "null" if run_at is None else f'"{run_at.isoformat()}"'
             mr = "null" if retries is None else str(retries)
-            u = "null" if key is None else dumps(key)
+            u, ck = (dumps(r[k]) for k in ("unique_key", "concurrency_key"))
             parts.append(
                 f'{{"i":"{id_}","t":{names[r["task"]]},"p":{r["payload"]},'
                 f'"q":{names[r["queue"]]},"pr":{r["priority"]},"ra":{ra},"d":{r["delay"]!r},'
-                f'"mr":{mr},"u":{u}}}'
+                f'"mr":{mr},"u":{u},"ck":{ck}}}'
             )
         return {"jobs": f"[{','.join(parts)}]"}
 
     def copy_rows(self) -> str | None:
         """The rows of `sql.ENQUEUE_MANY_COPY`, or None if a job waits (a delay or a run_at:
         its run_at must come from the server's clock, which COPY cannot read) or has a unique
-        key (COPY cannot skip a conflicting row)."""
-        if self.unique or any(r["run_at"] is not None or r["delay"] for r in self.rows):
+        key (COPY cannot skip a conflicting row) or a concurrency key."""
+        if self.unique or any(
+            r["run_at"] is not None or r["delay"] or r["concurrency_key"] is not None
+            for r in self.rows
+        ):
             return None
         names = self._names(lambda name: name.translate(_COPY_ESCAPES))
         lines = []

@@ -97,12 +97,18 @@ def claim_spec(
     worker_id: UUID, queues: list[str], settings: Settings, registry: Mapping[str, Executable]
 ) -> ClaimSpec:
     """What every claim asks: the registered pipelines and their first stages, for the claim to
-    start them, and the tasks' own retry limits, for the claim to read."""
+    start them, and the tasks' own retry limits and concurrency per key, for the claim to
+    read."""
     pipelines = [
         (name, entry.main_stages[0].name)
         for name, entry in registry.items()
         if isinstance(entry, Pipeline) and entry.main_stages
     ]
+    per_key = {
+        name: concurrency
+        for name, entry in registry.items()
+        if (concurrency := getattr(entry, "concurrency", None)) is not None
+    }
     limits = {
         name: entry.retries.max_retries
         for name, entry in registry.items()
@@ -116,6 +122,8 @@ def claim_spec(
         [stage for _, stage in pipelines],
         list(limits),
         list(limits.values()),
+        list(per_key),
+        list(per_key.values()),
     )
 
 

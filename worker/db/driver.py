@@ -68,6 +68,8 @@ class ClaimSpec:
     first_stages: list[str]
     retry_tasks: list[str] = field(default_factory=list)  # tasks with their own max_retries
     retry_limits: list[int] = field(default_factory=list)  # and those max_retries
+    key_tasks: list[str] = field(default_factory=list)  # tasks with a `concurrency` per key
+    key_limits: list[int] = field(default_factory=list)  # and that concurrency
 
 
 @dataclass(frozen=True, slots=True)

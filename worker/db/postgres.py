@@ -260,6 +260,8 @@ class PostgresDriver:
             "first_stages": spec.first_stages,
             "retry_tasks": spec.retry_tasks,
             "retry_limits": spec.retry_limits,
+            "key_tasks": spec.key_tasks,
+            "key_limits": spec.key_limits,
         }
         return [ClaimedJob(*row) for row in await fetch(self.claims, statement, params)]
 

@@ -56,9 +56,10 @@ ORDER BY next.priority DESC, next.run_at
 
 def _due(queue: str, budget: str) -> str:
     """The due pending jobs of one queue in claim order (priority, then due time), locked: at
-    most `budget` of them (what `worker.queue_budget` allows), and, while that is spent, the
-    jobs that only settle (a cancel requested, or a failure for good whose cleanups were
-    lost), which no pause or limit holds back.
+    most `budget` of them (what `worker.queue_budget` allows), none whose concurrency key is
+    at its task's limit (`worker.concurrency_key_free`, 1 for a task that sets none), and,
+    while the budget is spent, the jobs that only settle (a cancel requested, or a failure for
+    good whose cleanups were lost), which no pause or limit holds back.
 
     One short scan of jobs_runnable_idx per priority present, highest first, each stopping at
     the first job not due yet; the next priority is found by one index probe, and only if the
@@ -83,6 +84,10 @@ def _due(queue: str, budget: str) -> str:
         WHERE j.status = 'pending' AND j.queue = {queue} AND j.priority = level.priority
           AND j.run_at <= now() AND j.id <> ALL(%(running)s::uuid[])
           AND EXISTS (SELECT FROM lease)
+          AND CASE WHEN j.concurrency_key IS NULL THEN true
+                   ELSE worker.concurrency_key_free(j.concurrency_key, coalesce(
+                       (SELECT m.n FROM unnest(%(key_tasks)s::text[], %(key_limits)s::int[])
+                            AS m(task, n) WHERE m.task = j.task), 1)) END
         ORDER BY j.run_at
         LIMIT {budget}
         FOR UPDATE SKIP LOCKED

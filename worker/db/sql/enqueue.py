@@ -7,12 +7,13 @@ from worker.schema import LIVE
 # Casts are written CAST(x AS t) so the client can run this on any driver's connection. The
 # client makes the id (time-ordered, like the column default), so a retry can be idempotent.
 _INSERT_ONE = """
-INSERT INTO worker.jobs (id, task, payload, queue, priority, run_at, max_retries, unique_key)
+INSERT INTO worker.jobs (id, task, payload, queue, priority, run_at, max_retries, unique_key,
+                         concurrency_key)
 VALUES (CAST(%(id)s AS uuid), %(task)s, CAST(%(payload)s AS jsonb), %(queue)s,
         CAST(%(priority)s AS smallint),
         coalesce(CAST(%(run_at)s AS timestamptz),
                  now() + make_interval(secs => CAST(%(delay)s AS float8))),
-        CAST(%(max_retries)s AS integer), %(unique_key)s)
+        CAST(%(max_retries)s AS integer), %(unique_key)s, %(concurrency_key)s)
 """
 
 ENQUEUE = _INSERT_ONE + "RETURNING id, run_at\n"
@@ -52,15 +53,16 @@ UNION ALL
 # must escape element by element); one NOTIFY per queue for the whole batch. The client makes
 # the ids, so each handle matches its row whatever order the rows are written in. A row:
 # {"i": id, "t": task, "p": payload object, "q": queue, "pr": priority, "ra": run_at or null,
-#  "d": delay seconds, "mr": max_retries or null, "u": unique_key or null}. Used in a caller's
-# transaction (any driver) and for batches with waiting jobs or unique keys; other batches go
-# by ENQUEUE_MANY_COPY.
+#  "d": delay seconds, "mr": max_retries or null, "u": unique_key or null, "ck":
+# concurrency_key or null}. Used in a caller's transaction (any driver) and for batches with
+# waiting jobs or keys; other batches go by ENQUEUE_MANY_COPY.
 _ROWS = """json_to_recordset(CAST(%(jobs)s AS json))
     AS x(i uuid, t text, p json, q text, pr smallint, ra timestamptz, d float8, mr integer,
-         u text)"""
+         u text, ck text)"""
 _INSERT_MANY = f"""
-INSERT INTO worker.jobs (id, task, payload, queue, priority, run_at, max_retries, unique_key)
-SELECT i, t, CAST(p AS jsonb), q, pr, coalesce(ra, now() + make_interval(secs => d)), mr, u
+INSERT INTO worker.jobs (id, task, payload, queue, priority, run_at, max_retries, unique_key,
+                         concurrency_key)
+SELECT i, t, CAST(p AS jsonb), q, pr, coalesce(ra, now() + make_interval(secs => d)), mr, u, ck
 FROM {_ROWS}
 """
 ENQUEUE_MANY = _INSERT_MANY
