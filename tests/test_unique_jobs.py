@@ -4,12 +4,15 @@ with that key inserts nothing and returns the existing job, from any process or 
 from __future__ import annotations
 
 import threading
+from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
 from sqlalchemy import create_engine
 
-from worker import Client, JobSpec
+from worker import Client, InvalidTransition, JobSpec, JobStatus
+from worker.db import admin
+from worker.db.admin import RetrySet, blocking
 
 
 @pytest.fixture
@@ -96,3 +99,25 @@ def test_sql_enqueue_with_a_unique_key_returns_the_holder(database_url, client, 
         ).fetchall()
     assert str(same) == held.job_id and str(new) != held.job_id and skipped == []
     assert len(jobs_with_key(db, "k")) == 1
+
+
+def test_a_job_whose_key_is_held_again_is_not_retried_and_says_why(client, db):
+    failed = client.enqueue("add", {}, unique_key="k")
+    db.query("UPDATE worker.jobs SET status = 'failed' WHERE id = %s", (failed.job_id,))
+    holder = client.enqueue("add", {}, unique_key="k")
+    with pytest.raises(InvalidTransition, match="another live job holds its unique key 'k'"):
+        client.retry(failed.job_id)
+    assert db.status_of(failed.job_id) == "failed" and db.status_of(holder.job_id) == "pending"
+
+
+def test_a_bulk_retry_puts_back_one_job_per_free_key_and_none_whose_key_is_held(database_url, db):
+    for key in ("free", "free", "held", None):
+        db.insert_job(status="failed", unique_key=key, finished_at="sql:now()")
+    db.insert_job(status="pending", unique_key="held")
+    wanted = RetrySet(JobStatus.FAILED, None, None, cutoff=datetime.now(UTC) + timedelta(1))
+    moved = blocking(database_url, "test", lambda conn: admin.retry_batch(conn, wanted, 100))
+    assert sum(q.jobs for q in moved) == 2  # one of the two "free" jobs, and the one without a key
+    assert db.query(
+        "SELECT unique_key, status, count(*) FROM worker.jobs GROUP BY 1, 2 ORDER BY 1, 2"
+    ) == [("free", "failed", 1), ("free", "pending", 1), ("held", "failed", 1),
+          ("held", "pending", 1), (None, "pending", 1)]  # fmt: skip

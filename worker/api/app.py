@@ -299,6 +299,7 @@ class _Api:
                 run_at=spec.run_at,
                 max_retries=spec.max_retries,
                 unique_key=spec.unique_key,
+                concurrency_key=spec.concurrency_key,
             )
         except InvalidJob as exc:
             raise ApiError(422, f"invalid job: {exc}") from None

@@ -89,6 +89,12 @@ class EnqueueBody(BaseModel):
         description="While a pending, processing or paused job holds this key, that job is "
         "returned (200, `duplicate` true) and nothing is inserted.",
     )
+    concurrency_key: Name | None = Field(
+        default=None,
+        min_length=1,
+        max_length=255,
+        description="Jobs sharing this key run at most their task's concurrency at once.",
+    )
 
 
 class ResumeBody(BaseModel):
@@ -148,6 +154,8 @@ class JobOut(BaseModel):
     started_at: datetime | None = None
     finished_at: datetime | None = None
     run_at: datetime | None = None
+    unique_key: str | None = None
+    concurrency_key: str | None = None
     stages: list[StageOut]
     outputs: dict[str, Any]
     duplicate: bool = Field(
@@ -174,6 +182,8 @@ class JobOut(BaseModel):
             started_at=job.started_at,
             finished_at=job.finished_at,
             run_at=job.run_at,
+            unique_key=job.unique_key,
+            concurrency_key=job.concurrency_key,
             stages=[StageOut(**s) for s in job.stages],
             outputs=job.outputs,
             duplicate=job.duplicate,

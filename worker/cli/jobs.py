@@ -34,6 +34,9 @@ def enqueue(
     unique_key: Annotated[
         str | None, typer.Option(help="While a live job holds this key, print its id instead.")
     ] = None,
+    concurrency_key: Annotated[
+        str | None, typer.Option(help="Jobs sharing this key run one at a time, by default.")
+    ] = None,
     wait: Annotated[bool, typer.Option(help="Wait and print the result.")] = False,
     timeout: Annotated[float | None, typer.Option(help="With --wait: give up after.")] = None,
 ) -> None:
@@ -51,6 +54,7 @@ def enqueue(
         delay=delay,
         max_retries=max_retries,
         unique_key=unique_key,
+        concurrency_key=concurrency_key,
     )
     out.print(job.job_id, highlight=False)
     if not wait:

@@ -16,7 +16,7 @@ from typing import Any
 from uuid import UUID
 
 from worker.client.errors import InvalidTransition, JobNotFound
-from worker.client.job import Job, cancel_result, job_from_row, new_job
+from worker.client.job import Job, cancel_result, job_from_row, new_job, retry_refused
 from worker.client.queues import QueueState, limit_params, queue_name
 from worker.client.targets import (
     ASYNC_TAKES,
@@ -236,9 +236,7 @@ class AsyncClient:
         """Run a failed or cancelled job again, with fresh retries."""
         if not await self._run(sql.RETRY, {"id": job_id_of(job_id)}):
             job = await self.get(job_id)
-            raise InvalidTransition(
-                f"job {job_id} is {job.status}: only failed or cancelled jobs can be retried"
-            )
+            raise InvalidTransition(retry_refused(job))
         return await self.get(job_id)
 
     async def cleanup_jobs(

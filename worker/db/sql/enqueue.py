@@ -2,6 +2,12 @@
 
 from worker.schema import LIVE
 
+# Another live job holds the unique key of the job `j`: `j` may not become live again
+# meanwhile (the partial unique index `jobs_unique_key_idx` would refuse it). Retries check it.
+KEY_HELD = f"""EXISTS (
+    SELECT FROM worker.jobs AS holder
+    WHERE holder.unique_key = j.unique_key AND holder.{LIVE} AND holder.id <> j.id)"""
+
 # The statement trigger `worker.jobs_notify` sends one NOTIFY per inserting transaction and queue,
 # delivered at commit: in the caller's transaction, no worker sees or hears of the job before.
 # Casts are written CAST(x AS t) so the client can run this on any driver's connection. The
