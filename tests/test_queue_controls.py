@@ -113,6 +113,15 @@ def test_a_paused_or_spent_queue_still_settles_cancel_requests(env, db, processe
     db.wait_for_status(job_id, "cancelled", timeout=20)
 
 
+def test_a_key_at_its_limit_still_settles_a_cancel_request(env, db, processes, client):
+    processes.worker(env, "flowtasks", extra={"WORKER_CONCURRENCY": "4"})
+    running = client.enqueue("occupies", {"seconds": 3}, concurrency_key="k")
+    wait_until(lambda: client.get(running.job_id).status == "processing", 20, "the first job")
+    job_id = db.insert_job(task="occupies", concurrency_key="k", cancel_requested=True)
+    db.wait_for_status(job_id, "cancelled", timeout=2.5)
+    assert client.get(running.job_id).status == "processing"  # it settled while the key was full
+
+
 def test_a_rate_limit_spaces_the_starts_of_a_queue(env, db, processes, client):
     client.limit_queue("slow", rate=4, burst=1)
     for _ in range(2):

@@ -59,7 +59,7 @@ def _due(queue: str, budget: str) -> str:
     most `budget` of them (what `worker.queue_budget` allows), none whose concurrency key is
     at its task's limit (`worker.concurrency_key_free`, 1 for a task that sets none), and,
     while the budget is spent, the jobs that only settle (a cancel requested, or a failure for
-    good whose cleanups were lost), which no pause or limit holds back.
+    good whose cleanups were lost), which no pause or limit holds back, nor their keys.
 
     One short scan of jobs_runnable_idx per priority present, highest first, each stopping at
     the first job not due yet; the next priority is found by one index probe, and only if the
@@ -84,7 +84,8 @@ def _due(queue: str, budget: str) -> str:
         WHERE j.status = 'pending' AND j.queue = {queue} AND j.priority = level.priority
           AND j.run_at <= now() AND j.id <> ALL(%(running)s::uuid[])
           AND EXISTS (SELECT FROM lease)
-          AND CASE WHEN j.concurrency_key IS NULL THEN true
+          AND CASE WHEN j.concurrency_key IS NULL OR j.cancel_requested
+                        OR j.final_error IS NOT NULL THEN true
                    ELSE worker.concurrency_key_free(j.concurrency_key, coalesce(
                        (SELECT m.n FROM unnest(%(key_tasks)s::text[], %(key_limits)s::int[])
                             AS m(task, n) WHERE m.task = j.task), 1)) END
