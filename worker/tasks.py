@@ -15,12 +15,13 @@ import inspect
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar, overload
 
 from worker.attempt import Executable, Runtime, abandoned_here, call, settled_before_start
 from worker.encoding import dumps
 from worker.models import JSON, ClaimedJob, EventStatus, Outcome, OutcomeKind, ProgressEvent
+from worker.schedules import register_schedule, schedule_for
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -176,7 +177,14 @@ def register(entry: Executable) -> None:
 @overload
 def task(fn: F, /) -> F: ...
 @overload
-def task(*, name: str | None = None, timeout: float | None = None) -> Callable[[F], F]: ...
+def task(
+    *,
+    name: str | None = None,
+    timeout: float | None = None,
+    cron: str | None = None,
+    every: float | timedelta | None = None,
+    tz: str | None = None,
+) -> Callable[[F], F]: ...
 
 
 def task(
@@ -185,8 +193,14 @@ def task(
     *,
     name: str | None = None,
     timeout: float | None = None,
+    cron: str | None = None,
+    every: float | timedelta | None = None,
+    tz: str | None = None,
 ) -> Any:
     """Register a function as a task; the worker runs it for jobs naming it.
+
+    With `cron` (in zone `tz`, UTC by default) or `every` (seconds, or a timedelta), the
+    workers also enqueue it with an empty payload at each tick (see `worker.schedules`).
 
     >>> @task
     ... def add(payload):
@@ -194,6 +208,9 @@ def task(
     >>> @task(name="emails.send", timeout=30)
     ... async def send(payload):
     ...     return {"sent": True}
+    >>> @task(cron="*/5 * * * *", tz="Europe/Paris")
+    ... def sweep(payload):
+    ...     return None
     """
 
     def decorate(f: Callable[..., Any]) -> Callable[..., Any]:
@@ -202,6 +219,7 @@ def task(
             for p in inspect.signature(f).parameters.values()
             if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
         ]
+        schedule = schedule_for(name or f.__name__, cron=cron, every=every, tz=tz)
         register(
             Task(
                 name=name or f.__name__,
@@ -211,6 +229,8 @@ def task(
                 is_async=inspect.iscoroutinefunction(f),
             )
         )
+        if schedule is not None:
+            register_schedule(schedule)
         return f
 
     return decorate(fn) if fn is not None else decorate
