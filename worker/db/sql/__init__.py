@@ -10,6 +10,7 @@ says in one line why it is safe. Callers name a statement as `sql.CLAIM`, wherev
 - `actions`: cancel, resume, retry and read one job; retention;
 - `stages`: a pipeline's stage bookkeeping;
 - `events`: progress events;
+- `schedules`: a periodic task's tick, fired once by any number of workers;
 - `admin`: the read-only questions of the HTTP edge, the CLI and the metrics, the CLI's
   bulk writes, and the demo's and the bench's questions about their own jobs.
 """
@@ -68,6 +69,10 @@ from worker.db.sql.liveness import (
     RELEASE,
     RESCUE,
 )
+from worker.db.sql.schedules import (
+    FIRE_TICK,
+    SCHEDULE_ROWS,
+)
 from worker.db.sql.stages import (
     RECORD_FINAL_ERROR,
     STAGE_WRITES,
@@ -91,6 +96,7 @@ __all__ = [
     "ENQUEUE_MANY_AGAIN",
     "ENQUEUE_MANY_COPY",
     "FIND_JOBS",
+    "FIRE_TICK",
     "GET_JOB",
     "GET_STAGES",
     "HEALTH",
@@ -114,6 +120,7 @@ __all__ = [
     "RESUME",
     "RETRY",
     "RETRY_BATCH",
+    "SCHEDULE_ROWS",
     "SET_LEASE",
     "STAGE_WRITES",
     "STUCK_BY_QUEUE",
