@@ -13,8 +13,11 @@ import sys
 import time
 from datetime import UTC, datetime, timedelta
 
+import psycopg
+import pytest
 from support import Processes, query, wait_for
 
+from worker.db import sql
 from worker.db.postgres import PostgresDriver
 
 TASKS = "scheduledtasks"
@@ -200,3 +203,16 @@ def test_worker_schedule_lists_each_entry_with_its_next_run(env, database_url):
     assert unreachable.returncode == 0, unreachable.stderr
     assert "last runs unknown" in unreachable.stderr
     assert "unknown" in next(line for line in unreachable.stdout.splitlines() if "tick" in line)
+
+
+def test_the_runner_role_may_fire_ticks_and_the_client_role_only_read_them(database_url):
+    tick = datetime(2026, 1, 1, tzinfo=UTC)
+    params = {"key": "t every 1s", "task": "t", "spec": "every 1s", "tick": tick}
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute("SET ROLE worker_runner")
+        for at in (tick, tick + timedelta(seconds=1)):
+            conn.execute(sql.FIRE_TICK, {**params, "tick": at})
+        conn.execute("SET ROLE worker_client")
+        assert conn.execute("SELECT fired FROM worker.schedules").fetchall() == [(1,)]
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute(sql.FIRE_TICK, {**params, "tick": tick + timedelta(seconds=2)})

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import psycopg
 import pytest
 
 from worker import schedules
@@ -211,3 +212,21 @@ def test_a_worker_with_a_periodic_task_enqueues_and_runs_its_jobs(
     asyncio.run(main())
     assert len(ran) >= 3 and all(payload == {} for payload in ran)
     assert {job.status for job in driver.jobs.values()} == {JobStatus.COMPLETED}
+
+
+def test_a_refused_firing_is_logged_and_the_worker_goes_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    class NoTable(MemoryDriver):
+        async def fire_tick(self, key: str, task: str, spec: str, tick: datetime) -> str | None:
+            raise psycopg.errors.UndefinedTable('relation "worker.schedules" does not exist')
+
+    async def main() -> bool:
+        scheduler = asyncio.create_task(Scheduler(NoTable(), [Schedule("t", every=1)]).run())
+        await asyncio.sleep(0.1)
+        ended = scheduler.done()
+        scheduler.cancel()
+        return ended
+
+    assert asyncio.run(main()) is False
+    assert "scheduled ticks failed (UndefinedTable: relation" in caplog.text
