@@ -97,6 +97,8 @@ def _values(field: _Field, text: str) -> set[int]:
 def _zone(tz: str | tzinfo) -> tzinfo:
     if isinstance(tz, tzinfo):
         return tz
+    if tz == "UTC":  # known without the zone database, which slim systems lack
+        return UTC
     try:
         return ZoneInfo(tz)
     except (ZoneInfoNotFoundError, ValueError):

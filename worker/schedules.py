@@ -23,6 +23,7 @@ from worker.cron import Cron
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICRO = timedelta(microseconds=1)
+MAX_EVERY = timedelta(days=36525)  # a century: a longer interval is a bug, and dates overflow
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,8 +118,10 @@ def schedule_for(
     if isinstance(seconds, bool) or not isinstance(seconds, int | float):
         raise ValueError(f"every: expected seconds or a timedelta, not {every!r}")
     micros = round(seconds * 1_000_000) if math.isfinite(seconds) else 0
-    if micros <= 0:
-        raise ValueError(f"every: must be a positive, finite number of seconds, not {every!r}")
+    if not 0 < micros <= MAX_EVERY // _MICRO:
+        raise ValueError(
+            f"every: must be a positive number of seconds, at most a century, not {every!r}"
+        )
     return Schedule(task, every=micros)
 
 

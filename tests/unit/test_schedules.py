@@ -74,6 +74,7 @@ def test_a_task_with_a_schedule_is_registered_with_it(task_name: str) -> None:
         ({"every": timedelta(0)}, "every: must be a positive"),
         ({"every": float("nan")}, "every: must be a positive"),
         ({"every": float("inf")}, "every: must be a positive"),
+        ({"every": 1e12}, "every: must be a positive number of seconds, at most a century"),
         ({"every": True}, "every: expected seconds or a timedelta"),
         ({"every": "5"}, "every: expected seconds or a timedelta"),
         ({"cron": "61 * * * *"}, "cron: cron '61 * * * *': minute: 61 is out of range"),
