@@ -208,9 +208,6 @@ def task(
     >>> @task(name="emails.send", timeout=30)
     ... async def send(payload):
     ...     return {"sent": True}
-    >>> @task(cron="*/5 * * * *", tz="Europe/Paris")
-    ... def sweep(payload):
-    ...     return None
     """
 
     def decorate(f: Callable[..., Any]) -> Callable[..., Any]:

@@ -405,12 +405,13 @@ class MemoryDriver:
     async def fire_tick(self, key: str, task: str, spec: str, tick: datetime) -> str | None:
         self._reachable()
         last = self.schedules.get(key)
-        self.schedules[key] = max(tick, last) if last is not None else tick
-        if last is None or last >= tick:
-            return None
-        due = time.monotonic() + (tick - datetime.now(UTC)).total_seconds()
+        if last is not None and last >= tick:
+            return None  # fired already, here or by another worker
+        self.schedules[key] = tick
+        if last is None:
+            return None  # first sight: the schedule fires from its next tick
         job_id = self.enqueue(task)
-        self.jobs[job_id].run_at = due
+        self.jobs[job_id].run_at = time.monotonic() + (tick - datetime.now(UTC)).total_seconds()
         return job_id
 
     async def publish_events(self, batch: Sequence[EventWrite]) -> list[str]:

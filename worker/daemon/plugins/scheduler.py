@@ -1,4 +1,4 @@
-"""The scheduler: each periodic task's job enqueued at its ticks, once whatever the workers.
+"""The scheduler: a periodic task's job enqueued at each tick, once however many workers run.
 
 Every worker with periodic tasks runs one. It sleeps until the soonest tick of its schedules
 (it does not poll), then fires, for each schedule, the latest tick due through the driver's
@@ -7,8 +7,9 @@ Every worker with periodic tasks runs one. It sleeps until the soonest tick of i
 downtime that is one catch-up job for the latest missed tick, whatever number were missed,
 and for a schedule the database has never seen, none (it fires from its next tick on).
 
-What this does not do: it does not make up ticks missed while no worker ran (one catch-up
-job stands for them all), nor run the jobs it enqueues; they are claimed like any other.
+What this does not do: it does not make up ticks missed while no worker ran or the database
+was unreachable (one job stands for them all), nor run the jobs it enqueues; they are claimed
+like any other.
 """
 
 from __future__ import annotations
@@ -54,7 +55,8 @@ class Scheduler:
 
     async def fire_due(self) -> list[str]:
         """Fire each schedule's latest tick due, if not fired from here yet; the new jobs'
-        ids. A schedule whose firing failed on an outage is tried again next time."""
+        ids. A firing that fails (an outage, a refusal) is tried again next time; its error is
+        raised once the other schedules have fired."""
         now, fired = self._clock(), []
         failed: Exception | None = None
         for schedule in self._schedules:
