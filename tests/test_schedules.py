@@ -22,6 +22,9 @@ from worker.db.postgres import PostgresDriver
 
 TASKS = "scheduledtasks"
 TICK = "tick every 1s"
+# The workers serve another queue, so the periodic jobs stay as they were enqueued: running,
+# retrying or handing back a job at a stop moves its run_at.
+ELSEWHERE = {"WORKER_QUEUES": "elsewhere"}
 
 
 def tick_times(url: str, task: str = "tick") -> list[datetime]:
@@ -74,7 +77,9 @@ def test_concurrent_firings_of_one_tick_insert_one_job(database_url):
 
 def test_three_workers_enqueue_each_tick_exactly_once(env, database_url, processes: Processes):
     started = datetime.now(UTC)
-    procs = [processes.worker({**env, "WORKER_LOG_LEVEL": "INFO"}, TASKS) for _ in range(3)]
+    procs = [
+        processes.worker({**env, **ELSEWHERE, "WORKER_LOG_LEVEL": "INFO"}, TASKS) for _ in range(3)
+    ]
     wait_for(
         lambda: query(database_url, "SELECT count(*) FROM worker.workers") == [(3,)],
         message="three workers registered",
@@ -110,11 +115,11 @@ def test_downtime_gives_one_catch_up_job_for_the_latest_missed_tick(
         "VALUES ('new_year cron 0 0 1 1 * UTC', 'new_year', 'cron 0 0 1 1 * UTC', %s, 1)",
         (two_years_ago,),
     )
-    proc = processes.worker(env, TASKS)
+    proc = processes.worker({**env, **ELSEWHERE}, TASKS)
     wait_for(lambda: len(tick_times(database_url)) >= 2, timeout=60, message="two ticks")
     stop(processes, proc)
     time.sleep(3.5)  # three ticks or more missed: no worker runs
-    proc = processes.worker(env, TASKS)
+    proc = processes.worker({**env, **ELSEWHERE}, TASKS)
     before = len(tick_times(database_url))
     wait_for(lambda: len(tick_times(database_url)) >= before + 3, timeout=60, message="more ticks")
     stop(processes, proc)
@@ -128,7 +133,7 @@ def test_downtime_gives_one_catch_up_job_for_the_latest_missed_tick(
 
 
 def test_a_changed_schedule_stops_firing_in_its_old_form(env, database_url, processes):
-    proc = processes.worker(env, TASKS)
+    proc = processes.worker({**env, **ELSEWHERE}, TASKS)
     wait_for(lambda: len(tick_times(database_url)) >= 2, timeout=60, message="two ticks")
     stop(processes, proc)
     old = query(
@@ -136,7 +141,7 @@ def test_a_changed_schedule_stops_firing_in_its_old_form(env, database_url, proc
     )
     before = len(tick_times(database_url))
 
-    proc = processes.worker({**env, "TICK_EVERY": "2"}, TASKS)
+    proc = processes.worker({**env, **ELSEWHERE, "TICK_EVERY": "2"}, TASKS)
     wait_for(lambda: len(tick_times(database_url)) >= before + 3, timeout=60, message="new ticks")
     stop(processes, proc)
 
