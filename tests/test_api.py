@@ -418,6 +418,10 @@ def test_healthz_openapi_and_dashboard_are_served(env, processes: Processes):
         ("post", "/jobs/{id}/cancel"),
         ("post", "/jobs/{id}/resume"),
         ("post", "/jobs/{id}/retry"),
+        ("get", "/queues"),
+        ("post", "/queues/{name}/pause"),
+        ("post", "/queues/{name}/resume"),
+        ("post", "/queues/{name}/limit"),
     }
     operations = {(m, p) for p, ops in spec["paths"].items() for m in ops}
     assert expected <= operations
@@ -430,6 +434,28 @@ def test_healthz_openapi_and_dashboard_are_served(env, processes: Processes):
     assert "default-src 'self'" in page.headers["content-security-policy"]
 
 
+def test_queues_are_listed_paused_resumed_and_limited_over_http(env, processes: Processes):
+    api = start_api(env, processes)
+    with api.client(headers=api.auth()) as http:
+        first = http.post("/jobs", json={"task": "add", "queue": "q", "unique_key": "k"})
+        again = http.post("/jobs", json={"task": "add", "queue": "q", "unique_key": "k"})
+        paused = http.post("/queues/q/pause")
+        limited = http.post("/queues/q/limit", json={"concurrency": 2, "rate": 5})
+        listed = http.get("/queues").json()["queues"]
+        resumed = http.post("/queues/q/resume")
+        bad = http.post("/queues/q/limit", json={"concurrency": 0})
+        lifted = http.post("/queues/q/limit")
+    assert (first.status_code, first.json()["duplicate"]) == (201, False)
+    assert (again.status_code, again.json()["duplicate"]) == (200, True)
+    assert again.json()["id"] == first.json()["id"]
+    assert paused.json()["paused"] is True
+    assert (limited.json()["concurrency"], limited.json()["rate"]) == (2, 5.0)
+    assert [(q["name"], q["paused"], q["pending"]) for q in listed] == [("q", True, 1)]
+    assert resumed.json()["paused"] is False
+    assert bad.status_code == 422 and "concurrency" in bad.json()["error"]
+    assert (lifted.json()["concurrency"], lifted.json()["rate"]) == (None, None)
+
+
 # -- refusals --------------------------------------------------------------------------------
 
 
@@ -438,6 +464,8 @@ MUTATIONS = [
     ("/jobs/{id}/cancel", None),
     ("/jobs/{id}/resume", {"answer": 1}),
     ("/jobs/{id}/retry", None),
+    ("/queues/q/pause", None),
+    ("/queues/q/limit", {"concurrency": 1}),
 ]
 
 

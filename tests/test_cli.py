@@ -131,6 +131,9 @@ def test_jobs_bad_filters_are_usage_errors(worker_cli, args, message):
         (("enqueue", "add", "--delay", "1e13"), 1, "from 0 to 100 years"),
         (("enqueue", "add", "--max-retries", "3000000000"), 1, "max_retries must be"),
         (("resume", "00000000-0000-0000-0000-000000000000", "--answer", "NaN"), 1, "answer"),
+        (("enqueue", "add", "--unique-key", ""), 1, "unique_key must be a string"),
+        (("queue", "limit", "q", "--concurrency", "0"), 1, "concurrency must be an integer"),
+        (("queue", "limit", "q", "--burst", "2"), 1, "burst needs a rate"),
     ],
 )
 def test_values_out_of_range_are_one_line_and_write_nothing(
@@ -139,6 +142,25 @@ def test_values_out_of_range_are_one_line_and_write_nothing(
     result = worker_cli(*args, code=code)
     assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1
     assert query(database_url, "SELECT count(*) FROM worker.jobs") == [(0,)]
+
+
+# -- queues ------------------------------------------------------------------------------------
+
+
+def test_queue_verbs_pause_limit_resume_and_list_queues(database_url, worker_cli):
+    first = worker_cli("enqueue", "add", "--queue", "mail", "--unique-key", "k").stdout.strip()
+    again = worker_cli("enqueue", "add", "--queue", "mail", "--unique-key", "k").stdout.strip()
+    assert first == again  # the live job holding the key
+    assert "paused" in worker_cli("queue", "pause", "mail").stdout
+    limited = worker_cli("queue", "limit", "mail", "--concurrency", "2", "--rate", "5").stdout
+    assert "2 at once; 5/s" in limited
+    rows = as_json(worker_cli("queues", "--json"))
+    assert [(r["name"], r["paused"], r["concurrency"], r["pending"]) for r in rows] == [
+        ("mail", True, 2, 1)
+    ]
+    assert "mail" in worker_cli("queues").stdout
+    assert "running" in worker_cli("queue", "resume", "mail").stdout
+    assert "limits: none" in worker_cli("queue", "limit", "mail").stdout
 
 
 # -- show --------------------------------------------------------------------------------------

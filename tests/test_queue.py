@@ -96,6 +96,10 @@ def explain_claim(url: str, statement: str, plan: str, limit: int) -> dict[str, 
         "default_max_retries": 3,
         "pipelines": [],
         "first_stages": [],
+        "retry_tasks": [],
+        "retry_limits": [],
+        "key_tasks": [],
+        "key_limits": [],
     }
     text = getattr(sql, statement)
     explain = "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "

@@ -98,6 +98,10 @@ def test_client_role_may_enqueue_and_read_but_not_change_jobs(database_url, logi
             "running": [],
             "pipelines": [],
             "first_stages": [],
+            "retry_tasks": [],
+            "retry_limits": [],
+            "key_tasks": [],
+            "key_limits": [],
         },
     )
     refused(
@@ -186,7 +190,7 @@ def test_migration_by_a_user_who_may_not_create_roles_still_succeeds():
             query(
                 server.url,
                 f"REVOKE ALL ON FUNCTION worker.enqueue(text, jsonb, text, integer, "
-                f"timestamptz, integer) FROM {role}",
+                f"timestamptz, integer, text, text) FROM {role}",
             )
         query(server.url, "DROP ROLE worker_client, worker_runner")
         query(admin, "CREATE ROLE app_owner LOGIN NOCREATEROLE")

@@ -21,6 +21,7 @@ from worker.client import (
     JobFailed,
     JobNotFound,
     JobSpec,
+    QueueState,
     cancel,
     cleanup_jobs,
     enqueue,
@@ -29,13 +30,15 @@ from worker.client import (
     retry,
 )
 from worker.models import JobStatus, ProgressEvent
+from worker.retries import Backoff, Retry
 from worker.stages import ALL_DONE, ALL_SUCCESS, Pipeline, TriggerRule
-from worker.tasks import Context, JobCancelled, PauseForResolution, task
+from worker.tasks import Context, JobCancelled, PauseForResolution, Task, task
 
 __all__ = [
     "ALL_DONE",
     "ALL_SUCCESS",
     "AsyncClient",
+    "Backoff",
     "Client",
     "Context",
     "InvalidJob",
@@ -51,6 +54,9 @@ __all__ = [
     "PauseForResolution",
     "Pipeline",
     "ProgressEvent",
+    "QueueState",
+    "Retry",
+    "Task",
     "TriggerRule",
     "cancel",
     "cleanup_jobs",

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from worker.tasks import Context
 
 from worker.models import ClaimedJob, Outcome, OutcomeKind
+from worker.retries import RetryRules
 
 
 class Runtime(Protocol):
@@ -34,6 +35,7 @@ class Executable(Protocol):
 
     name: str
     timeout: float | None
+    retries: RetryRules  # what a failure leads to (`worker.retries`)
 
     async def execute(self, ctx: Context) -> Outcome: ...
 

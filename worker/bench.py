@@ -38,6 +38,7 @@ from worker.client import AsyncClient, JobSpec
 from worker.db import admin
 from worker.db.connect import aconnect
 from worker.models import Outcome, OutcomeKind
+from worker.retries import DEFAULT_RULES
 from worker.settings import Settings
 from worker.tasks import Context
 
@@ -70,6 +71,7 @@ class _Noop:
 
     name = TASK_NAME
     timeout: float | None = None
+    retries = DEFAULT_RULES
 
     def __init__(self) -> None:
         self.started: dict[int, float] = {}

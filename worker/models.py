@@ -145,7 +145,9 @@ class Outcome:
     # `result` as the JSON text stored, when the runner has encoded it already.
     result_json: str | None = None
     error: str | None = None
-    delay: float = 0.0
+    # Seconds until the job runs again: a snooze's, or a retry's chosen by its task (None: the
+    # worker's backoff).
+    delay: float | None = None
     # A pipeline stage that ended with the attempt, recorded with the outcome (one commit).
     stage_end: StageEnd | None = None
     # Progress events that report this outcome: published once it is written, never before.

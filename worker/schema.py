@@ -13,6 +13,7 @@ from sqlalchemy import (
     CheckConstraint,
     Column,
     DateTime,
+    Double,
     Index,
     Integer,
     MetaData,
@@ -32,6 +33,8 @@ PRIORITY_RANGE = (-100, 100)
 metadata = MetaData(schema=SCHEMA)
 
 _status_list = ", ".join(f"'{s}'" for s in STATUSES)
+# The statuses of a job that holds its unique key.
+LIVE = "status IN ('pending', 'processing', 'paused')"
 
 jobs = Table(
     "jobs",
@@ -60,6 +63,10 @@ jobs = Table(
     Column("answer", JSONB, nullable=True),
     # A pipeline attempt that failed for good, recorded before its cleanups run (migration 0004).
     Column("final_error", Text, nullable=True),
+    # While a job with a key is live, no other job takes that key (migration 0008).
+    Column("unique_key", Text, nullable=True),
+    # Jobs sharing a key run at most their task's `concurrency` at once (migration 0008).
+    Column("concurrency_key", Text, nullable=True),
     CheckConstraint(f"status IN ({_status_list})", name="jobs_status_valid"),
     CheckConstraint(
         f"char_length(task) BETWEEN 1 AND {MAX_TASK_NAME}", name="jobs_task_name_length"
@@ -90,6 +97,39 @@ jobs = Table(
         postgresql_where=text("status IN ('completed', 'failed', 'cancelled')"),
     ),
     Index("jobs_created_idx", "created_at"),
+    CheckConstraint("char_length(unique_key) BETWEEN 1 AND 255", name="jobs_unique_key_length"),
+    CheckConstraint(
+        "char_length(concurrency_key) BETWEEN 1 AND 255", name="jobs_concurrency_key_length"
+    ),
+    Index(
+        "jobs_concurrency_key_idx",
+        "concurrency_key",
+        postgresql_where=text("status = 'processing' AND concurrency_key IS NOT NULL"),
+    ),
+    Index(
+        "jobs_unique_key_idx",
+        "unique_key",
+        unique=True,
+        postgresql_where=text(f"unique_key IS NOT NULL AND {LIVE}"),
+    ),
+)
+
+# A row per queue an operator paused or limited (migration 0008); other queues have none.
+queues = Table(
+    "queues",
+    metadata,
+    Column("name", Text, primary_key=True),
+    Column("paused", Boolean, nullable=False, server_default=text("false")),
+    Column("concurrency", Integer, nullable=True),
+    Column("rate", Double, nullable=True),  # jobs started per second, at most
+    Column("burst", Double, nullable=True),  # tokens the bucket holds at most
+    Column("tokens", Double, nullable=False, server_default=text("0")),
+    Column("refilled_at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
+    CheckConstraint("char_length(name) BETWEEN 1 AND 255", name="queues_name_check"),
+    CheckConstraint("concurrency > 0", name="queues_concurrency_check"),
+    CheckConstraint("rate > 0", name="queues_rate_check"),
+    CheckConstraint("burst >= 1", name="queues_burst_check"),
 )
 
 workers = Table(
@@ -141,7 +181,7 @@ job_events = Table(
     PrimaryKeyConstraint("job_id", "id", name="job_events_pkey"),
 )
 
-# One row per periodic task's schedule (migration 0008): the latest tick taken, advanced by a
+# One row per periodic task's schedule (migration 0009): the latest tick taken, advanced by a
 # compare-and-set that inserts the tick's job in the same statement (`sql.FIRE_TICK`).
 schedules = Table(
     "schedules",

@@ -1,9 +1,10 @@
 """`@task`: registering the functions a worker can run, the `Context` a run sees, and the
 exceptions a task raises to steer its job (`JobCancelled`, `Snooze`, `PauseForResolution`).
 
-A task is a plain function (sync or `async`) taking the job's payload, a JSON object, and
-returning a JSON value, stored as the job's result. A function with a second parameter gets a
-`Context`, to report progress or notice a cancel request.
+A task is a plain function (sync or `async`) taking the job's payload, a JSON object (or a
+pydantic model it is validated into), and returning a JSON value, stored as the job's result.
+A function with a second parameter gets a `Context`, to report progress or notice a cancel
+request. `@task` returns the function's `Task`, a typed handle that enqueues jobs of it.
 
 What it does not do: claim, run or record jobs (the daemon does, `worker.daemon`); what an
 attempt is and how user code is called are in `worker.attempt`, pipelines in `worker.stages`.
@@ -11,19 +12,31 @@ attempt is and how user code is called are in `worker.attempt`, pipelines in `wo
 
 from __future__ import annotations
 
+import functools
 import inspect
 import threading
+import typing
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, Unpack, overload
+
+from pydantic import BaseModel, ValidationError
 
 from worker.attempt import Executable, Runtime, abandoned_here, call, settled_before_start
+from worker.client.errors import InvalidJob
+from worker.client.validation import JobSpec
 from worker.encoding import dumps
 from worker.models import JSON, ClaimedJob, EventStatus, Outcome, OutcomeKind, ProgressEvent
+from worker.retries import DEFAULT_RULES, Backoff, RetryRules, rules
 from worker.schedules import register_schedule, schedule_for
 
-F = TypeVar("F", bound=Callable[..., Any])
+if TYPE_CHECKING:
+    from worker.client import AsyncClient, Client, Job
+    from worker.client.options import AsyncEnqueueOptions, EnqueueOptions
+
+PayloadT = TypeVar("PayloadT")
+R = TypeVar("R")
 
 
 class JobCancelled(Exception):
@@ -146,22 +159,134 @@ class Context:
         raise PauseForResolution(question)
 
 
-@dataclass
-class Task:
-    """A registered function. Created by `@task`; the function stays callable as before."""
+class Task(Generic[PayloadT, R]):
+    """A registered function, and its typed handle: what `@task` returns.
 
-    name: str
-    fn: Callable[..., Any]
-    timeout: float | None = None
-    wants_context: bool = False
-    is_async: bool = False
+    Calling it calls the function, as before. `enqueue` and `enqueue_async` enqueue a job of
+    it; when the function's payload parameter is a pydantic model, they take the model (or a
+    dict) and refuse a payload that does not fit it with `InvalidJob` before anything is
+    written, and the worker hands the function the validated model.
+
+    >>> @task(max_retries=3)                                # doctest: +SKIP
+    ... def resize(payload: Resize) -> dict[str, int]:
+    ...     return {"width": payload.width}
+    >>> job = resize.enqueue(Resize(path="a.png", width=640), queue="images")  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        name: str,
+        fn: Callable[..., R],
+        timeout: float | None = None,
+        wants_context: bool = False,
+        is_async: bool = False,
+        retries: RetryRules = DEFAULT_RULES,
+        model: type[BaseModel] | None = None,
+        concurrency: int | None = None,
+        concurrency_key: Callable[[Any], str] | None = None,
+    ) -> None:
+        self.name = name
+        self.fn = fn
+        self.timeout = timeout
+        self.wants_context = wants_context
+        self.is_async = is_async
+        self.retries = retries
+        self.model = model
+        # At most `concurrency` jobs sharing a key run at once, across all workers; the key of
+        # a job enqueued through this handle is `concurrency_key(payload)`.
+        self.concurrency = concurrency
+        self.concurrency_key = concurrency_key
+        functools.update_wrapper(self, fn)
+
+    def __repr__(self) -> str:
+        return f"<task {self.name}>"
+
+    def __call__(self, *args: Any, **kwargs: Any) -> R:
+        return self.fn(*args, **kwargs)
 
     async def execute(self, ctx: Context) -> Outcome:
         settled = settled_before_start(ctx.job, ctx.cancelled)
         if settled is not None:
             return settled
-        args: tuple[Any, ...] = (ctx.payload, ctx) if self.wants_context else (ctx.payload,)
+        payload: Any = ctx.payload
+        if self.model is not None:
+            try:
+                payload = self.model.model_validate(payload)
+            except ValidationError as exc:  # no retry mends the payload
+                error = f"the payload does not fit {self.model.__name__}: {field_error(exc)}"
+                return Outcome(OutcomeKind.FAILED, error=error)
+        args: tuple[Any, ...] = (payload, ctx) if self.wants_context else (payload,)
         return Outcome(OutcomeKind.COMPLETED, result=await call(ctx, self.fn, self.is_async, *args))
+
+    def prepared(
+        self, payload: PayloadT | dict[str, JSON] | None, options: dict[str, Any]
+    ) -> tuple[dict[str, JSON], dict[str, Any]]:
+        """The payload as stored and the enqueue's options: a model is dumped to JSON once it
+        (or a dict) was validated against the task's model (`InvalidJob` naming the field
+        that does not fit), and the job's concurrency key is the task's for this payload."""
+        given: Any = {} if payload is None else payload
+        stored: dict[str, JSON] = given
+        if self.model is not None:
+            try:
+                given = given if isinstance(given, self.model) else self.model.model_validate(given)
+            except ValidationError as exc:
+                raise InvalidJob(f"payload {field_error(exc)}") from None
+            stored = given.model_dump(mode="json")
+        if self.concurrency_key is not None and options.get("concurrency_key") is None:
+            options = {**options, "concurrency_key": self.concurrency_key(given)}
+        return stored, options
+
+    def spec(self, payload: PayloadT | dict[str, JSON] | None = None, **options: Any) -> JobSpec:
+        """A `JobSpec` of this task for `enqueue_many`, its payload validated first."""
+        stored, options = self.prepared(payload, options)
+        return JobSpec(self.name, stored, **options)
+
+    def enqueue(
+        self,
+        payload: PayloadT | dict[str, JSON] | None = None,
+        *,
+        client: Client | None = None,
+        **options: Unpack[EnqueueOptions],
+    ) -> Job:
+        """Enqueue a job of this task (with `client`, else the default one); see
+        `Client.enqueue` for the options."""
+        from worker.client import default_client
+
+        stored, given = self.prepared(payload, dict(options))
+        return (client or default_client()).enqueue(self.name, stored, **given)
+
+    async def enqueue_async(
+        self,
+        payload: PayloadT | dict[str, JSON] | None = None,
+        *,
+        client: AsyncClient,
+        **options: Unpack[AsyncEnqueueOptions],
+    ) -> Job:
+        """`enqueue` on an `AsyncClient`."""
+        stored, given = self.prepared(payload, dict(options))
+        return await client.enqueue(self.name, stored, **given)
+
+
+def field_error(exc: ValidationError) -> str:
+    """The first problem pydantic found, naming its field: `width: Input should be ...`."""
+    first = exc.errors()[0]
+    where = ".".join(str(part) for part in first["loc"])
+    return f"{where}: {first['msg']}" if where else str(first["msg"])
+
+
+def _payload_model(
+    fn: Callable[..., Any], first: inspect.Parameter | None
+) -> type[BaseModel] | None:
+    """The pydantic model the function's payload parameter is annotated with, if any."""
+    if first is None:
+        return None
+    try:
+        annotation = typing.get_type_hints(fn).get(first.name, first.annotation)
+    except (NameError, TypeError):  # an annotation not resolvable here: no model
+        annotation = first.annotation
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    return None
 
 
 REGISTRY: dict[str, Executable] = {}
@@ -174,17 +299,31 @@ def register(entry: Executable) -> None:
     REGISTRY[entry.name] = entry
 
 
+class _Decorator(Protocol):
+    @overload
+    def __call__(self, fn: Callable[[PayloadT, Context], R], /) -> Task[PayloadT, R]: ...
+    @overload
+    def __call__(self, fn: Callable[[PayloadT], R], /) -> Task[PayloadT, R]: ...
+
+
 @overload
-def task(fn: F, /) -> F: ...
+def task(fn: Callable[[PayloadT, Context], R], /) -> Task[PayloadT, R]: ...
+@overload
+def task(fn: Callable[[PayloadT], R], /) -> Task[PayloadT, R]: ...
 @overload
 def task(
     *,
     name: str | None = None,
     timeout: float | None = None,
+    max_retries: int | None = None,
+    backoff: Backoff | None = None,
+    give_up_on: type[BaseException] | tuple[type[BaseException], ...] = (),
+    concurrency: int | None = None,
+    concurrency_key: Callable[[Any], str] | None = None,
     cron: str | None = None,
     every: float | timedelta | None = None,
     tz: str | None = None,
-) -> Callable[[F], F]: ...
+) -> _Decorator: ...
 
 
 def task(
@@ -193,11 +332,21 @@ def task(
     *,
     name: str | None = None,
     timeout: float | None = None,
+    max_retries: int | None = None,
+    backoff: Backoff | None = None,
+    give_up_on: type[BaseException] | tuple[type[BaseException], ...] = (),
+    concurrency: int | None = None,
+    concurrency_key: Callable[[Any], str] | None = None,
     cron: str | None = None,
     every: float | timedelta | None = None,
     tz: str | None = None,
 ) -> Any:
-    """Register a function as a task; the worker runs it for jobs naming it.
+    """Register a function as a task; the worker runs it for jobs naming it. Returns its
+    `Task`, callable as the function was, with `enqueue` and `enqueue_async`.
+
+    `max_retries`, `backoff` and `give_up_on` are its retry policy (`worker.retries`).
+    `concurrency_key` names a job's key from its payload, and `concurrency` (1 by default) is
+    how many jobs sharing a key may run at once, across all workers.
 
     With `cron` (in zone `tz`, UTC by default) or `every` (seconds, or a timedelta), the
     workers also enqueue it with an empty payload at each tick (see `worker.schedules`).
@@ -205,29 +354,43 @@ def task(
     >>> @task
     ... def add(payload):
     ...     return payload["a"] + payload["b"]
-    >>> @task(name="emails.send", timeout=30)
+    >>> add({"a": 1, "b": 2})
+    3
+    >>> @task(name="emails.send", timeout=30, max_retries=5, give_up_on=ValueError)
     ... async def send(payload):
     ...     return {"sent": True}
     """
+    retry_rules = rules(max_retries, backoff, give_up_on)
+    if concurrency is not None and (
+        isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1
+    ):
+        raise ValueError(f"concurrency must be an integer of at least 1, not {concurrency!r}")
+    if concurrency is not None and concurrency_key is None:
+        raise ValueError("concurrency needs a concurrency_key: the jobs it applies to share one")
+    if concurrency_key is not None and not callable(concurrency_key):
+        raise ValueError("concurrency_key must be a function of the payload, returning a str")
 
-    def decorate(f: Callable[..., Any]) -> Callable[..., Any]:
+    def decorate(f: Callable[..., Any]) -> Task[Any, Any]:
         params = [
             p
             for p in inspect.signature(f).parameters.values()
             if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
         ]
         schedule = schedule_for(name or f.__name__, cron=cron, every=every, tz=tz)
-        register(
-            Task(
-                name=name or f.__name__,
-                fn=f,
-                timeout=timeout,
-                wants_context=len(params) >= 2,
-                is_async=inspect.iscoroutinefunction(f),
-            )
+        entry: Task[Any, Any] = Task(
+            name=name or f.__name__,
+            fn=f,
+            timeout=timeout,
+            wants_context=len(params) >= 2,
+            is_async=inspect.iscoroutinefunction(f),
+            retries=retry_rules,
+            model=_payload_model(f, params[0] if params else None),
+            concurrency=None if concurrency_key is None else concurrency or 1,
+            concurrency_key=concurrency_key,
         )
+        register(entry)
         if schedule is not None:
             register_schedule(schedule)
-        return f
+        return entry
 
     return decorate(fn) if fn is not None else decorate

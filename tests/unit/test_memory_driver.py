@@ -17,7 +17,7 @@ from worker.db.driver import (
 from worker.db.memory import MemoryDriver
 from worker.models import JobStatus, Outcome, OutcomeKind
 
-POLICY = RetryPolicy(default_max_retries=3, backoff_base=0.0, backoff_max=0.0)
+POLICY = RetryPolicy(backoff_base=0.0, backoff_max=0.0)
 
 
 def spec(worker_id: uuid.UUID) -> ClaimSpec:
@@ -63,10 +63,12 @@ def test_an_outcome_applies_only_to_the_attempt_that_holds_the_job() -> None:
         job_id = driver.enqueue("t")
         [job] = await driver.claim(spec(worker_id), 1, [])
         done = Outcome(OutcomeKind.COMPLETED, result=1)
-        stale = OutcomeWrite(job_id, job.retry_count + 1, done)  # another attempt's
-        other = await driver.record_outcomes(uuid.uuid4(), POLICY, [OutcomeWrite(job_id, 0, done)])
+        stale = OutcomeWrite(job_id, job.retry_count + 1, done, 3)  # another attempt's
+        other = await driver.record_outcomes(
+            uuid.uuid4(), POLICY, [OutcomeWrite(job_id, 0, done, 3)]
+        )
         late = await driver.record_outcomes(worker_id, POLICY, [stale])
-        ours = await driver.record_outcomes(worker_id, POLICY, [OutcomeWrite(job_id, 0, done)])
+        ours = await driver.record_outcomes(worker_id, POLICY, [OutcomeWrite(job_id, 0, done, 3)])
         return [other, late, ours]
 
     other, late, ours = asyncio.run(main())
@@ -84,7 +86,7 @@ def test_a_write_on_a_locked_row_is_skipped_and_stays_ours() -> None:
         await driver.claim(spec(worker_id), 1, [])
         driver.locked.add(job_id)
         stage = await driver.write_stages(worker_id, [StageWrite(job_id, 0, started="s")])
-        write = OutcomeWrite(job_id, 0, Outcome(OutcomeKind.COMPLETED))
+        write = OutcomeWrite(job_id, 0, Outcome(OutcomeKind.COMPLETED), 3)
         outcome = await driver.record_outcomes(worker_id, POLICY, [write])
         return list(stage), list(outcome), driver.jobs[job_id].status
 

@@ -117,7 +117,7 @@ def test_a_run_at_that_could_not_be_read_back_is_refused_naming_the_years(run_at
 
 def test_a_good_job_becomes_the_parameters_of_its_insert():
     due = datetime(2030, 1, 1, tzinfo=UTC)
-    spec = JobSpec("add", {"a": 1}, "q", 5, timedelta(seconds=3), due, 2)
+    spec = JobSpec("add", {"a": 1}, "q", 5, timedelta(seconds=3), due, 2, "add:1")
     assert validated(spec, LIMIT) == {
         "task": "add",
         "payload": '{"a":1}',
@@ -126,6 +126,8 @@ def test_a_good_job_becomes_the_parameters_of_its_insert():
         "run_at": due,
         "delay": 3.0,
         "max_retries": 2,
+        "unique_key": "add:1",
+        "concurrency_key": None,
     }
 
 
@@ -146,17 +148,37 @@ def test_a_bad_job_in_a_batch_is_named_by_its_index():
 def test_a_batch_is_sent_as_json_rows_that_read_back_as_its_jobs():
     due = datetime(2030, 1, 1, tzinfo=UTC)
     batch = prepared_many(
-        [JobSpec('t"1', {"k": "v\n"}, "q\t", 3, 1.5, None, 4), JobSpec("t", run_at=due)], LIMIT
+        [JobSpec('t"1', {"k": "v\n"}, "q\t", 3, 1.5, None, 4, 'k"1'), JobSpec("t", run_at=due)],
+        LIMIT,
     )
     rows = json.loads(batch.params()["jobs"])
     assert [r["i"] for r in rows] == batch.ids
     assert all(UUID(i).version == 7 for i in batch.ids)
     assert rows[0] == {
         "i": batch.ids[0], "t": 't"1', "p": {"k": "v\n"}, "q": "q\t",
-        "pr": 3, "ra": None, "d": 1.5, "mr": 4,
+        "pr": 3, "ra": None, "d": 1.5, "mr": 4, "u": 'k"1', "ck": None,
     }  # fmt: skip
     assert rows[1]["ra"] == due.isoformat() and rows[1]["mr"] is None
     assert batch.copy_rows() is None  # a waiting job needs the server's clock: no COPY
+
+
+def test_jobs_of_a_batch_sharing_a_unique_key_are_sent_once_and_never_by_copy():
+    batch = prepared_many([JobSpec("t", unique_key="k"), JobSpec("t"), ("t", {})], LIMIT)
+    assert batch.copy_rows() is None  # COPY cannot skip a row whose key is held
+    batch = prepared_many(
+        [JobSpec("t", unique_key="a"), JobSpec("t", unique_key="b"), JobSpec("t", unique_key="a")],
+        LIMIT,
+    )
+    assert batch.same_as == {2: 0}
+    assert batch.sent().ids == batch.ids[:2]
+    assert batch.without({batch.ids[0]}).ids == batch.ids[1:]
+
+
+def test_a_unique_key_is_checked_like_a_name():
+    with pytest.raises(InvalidJob, match=r"^unique_key must be a string of 1 to 255"):
+        validated(JobSpec("t", unique_key=""), LIMIT)
+    with pytest.raises(InvalidJob, match=r"^unique_key must be a string"):
+        validated(JobSpec("t", unique_key="a\x00"), LIMIT)
 
 
 def test_a_batch_of_jobs_due_now_is_sent_as_escaped_copy_text():

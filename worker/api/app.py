@@ -25,7 +25,7 @@ import asyncio
 import contextlib
 import hmac
 import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import asdict
 from importlib import metadata, resources
 from typing import Any
@@ -65,12 +65,15 @@ from worker.api.schemas import (
     JobOut,
     JobPage,
     JobSummary,
+    LimitBody,
+    QueueList,
+    QueueOut,
     QueueStats,
     ResumeBody,
     Stats,
 )
 from worker.api.stream import job_event_stream
-from worker.client import AsyncClient, InvalidJob, InvalidTransition, JobNotFound
+from worker.client import AsyncClient, InvalidJob, InvalidTransition, JobNotFound, QueueState
 from worker.db import admin
 from worker.events import PostgresBus, ProgressBus
 from worker.logs import first_line
@@ -295,10 +298,14 @@ class _Api:
                 delay=spec.delay,
                 run_at=spec.run_at,
                 max_retries=spec.max_retries,
+                unique_key=spec.unique_key,
+                concurrency_key=spec.concurrency_key,
             )
         except InvalidJob as exc:
             raise ApiError(422, f"invalid job: {exc}") from None
-        return json_response(JobOut.of(await self.client.get(job.job_id)), 201)
+        out = JobOut.of(await self.client.get(job.job_id))
+        out.duplicate = job.duplicate
+        return json_response(out, 200 if job.duplicate else 201)
 
     async def get_job(self, request: Request) -> Response:
         return await self.job_out(path_job_id(request))
@@ -336,6 +343,42 @@ class _Api:
         with _about(job_id):
             job = await self.client.retry(job_id)
         return json_response(JobOut.of(job))
+
+    # -- queues -----------------------------------------------------------------------------
+
+    async def list_queues(self, request: Request) -> Response:
+        states = await self.client.queues()
+        return json_response(QueueList(queues=[QueueOut(**asdict(s)) for s in states]))
+
+    async def pause_queue(self, request: Request) -> Response:
+        return await self._queue_change(request, lambda name, _: self.client.pause_queue(name))
+
+    async def resume_queue(self, request: Request) -> Response:
+        return await self._queue_change(request, lambda name, _: self.client.resume_queue(name))
+
+    async def limit_queue(self, request: Request) -> Response:
+        def limit(name: str, body: Any) -> Awaitable[QueueState]:
+            try:
+                limits = LimitBody.model_validate_json(json.dumps(body or {}))
+            except ValidationError as exc:
+                raise invalid(exc, "body") from None
+            return self.client.limit_queue(
+                name, concurrency=limits.concurrency, rate=limits.rate, burst=limits.burst
+            )
+
+        return await self._queue_change(request, limit)
+
+    async def _queue_change(
+        self, request: Request, change: Callable[[str, Any], Awaitable[QueueState]]
+    ) -> Response:
+        """A `POST /queues/{name}/...`: the queue's state after `change(name, body)`."""
+        self.guard(request)
+        body = await self.body(request)
+        try:
+            state = await change(request.path_params["name"], body)
+        except InvalidJob as exc:
+            raise ApiError(422, str(exc)) from None
+        return json_response(QueueOut(**asdict(state)))
 
     async def events(self, request: Request) -> Response:
         job_id = path_job_id(request)
@@ -389,6 +432,10 @@ def create_app(url: str, token: str | None = None, *, bus: ProgressBus | None = 
         Route("/jobs/{id}/cancel", api.cancel, methods=["POST"]),
         Route("/jobs/{id}/resume", api.resume, methods=["POST"]),
         Route("/jobs/{id}/retry", api.retry, methods=["POST"]),
+        Route("/queues", api.list_queues, methods=["GET"]),
+        Route("/queues/{name}/pause", api.pause_queue, methods=["POST"]),
+        Route("/queues/{name}/resume", api.resume_queue, methods=["POST"]),
+        Route("/queues/{name}/limit", api.limit_queue, methods=["POST"]),
     ]
     app = Starlette(routes=routes, exception_handlers=exception_handlers(), lifespan=lifespan)
     app.state.api = api

@@ -19,6 +19,9 @@ from worker.api.schemas import (
     Health,
     JobOut,
     JobPage,
+    LimitBody,
+    QueueList,
+    QueueOut,
     ResumeBody,
     Stats,
 )
@@ -62,6 +65,23 @@ def _job_action(
         response,
         parameters=[_JOB_ID],
         errors={**errors, **_UNAVAILABLE},
+        mutates=True,
+        **more,
+    )
+
+
+_QUEUE_NAME = {"name": "name", "in": "path", "required": True, "schema": {"type": "string"}}
+
+
+def _queue_action(verb: str, summary: str, **more: Any) -> Operation:
+    """A `POST /queues/{name}/<verb>`: it changes the queue, answering its new state."""
+    return Operation(
+        "post",
+        f"/queues/{{name}}/{verb}",
+        summary,
+        QueueOut,
+        parameters=[_QUEUE_NAME],
+        errors={422: "A bad queue name or limit.", **_UNAVAILABLE},
         mutates=True,
         **more,
     )
@@ -171,6 +191,21 @@ OPERATIONS = [
         "Run a failed or cancelled job again, from its first unfinished stage",
         JobOut,
         {404: "No such job.", 409: "The job is not failed or cancelled."},
+    ),
+    Operation(
+        "get",
+        "/queues",
+        "Each queue with live jobs or controls: paused or not, its limits, its depth",
+        QueueList,
+        errors=_UNAVAILABLE,
+    ),
+    _queue_action("pause", "Stop claims from the queue on every worker; running jobs finish"),
+    _queue_action("resume", "Let every worker claim from the queue again"),
+    _queue_action(
+        "limit",
+        "Set the queue's concurrency (across workers) and rate limits; those left out are lifted",
+        body=LimitBody,
+        body_required=False,
     ),
 ]
 

@@ -82,6 +82,19 @@ class EnqueueBody(BaseModel):
         le=MAX_RETRIES_LIMIT,
         description="Unset: the worker's WORKER_MAX_RETRIES applies.",
     )
+    unique_key: Name | None = Field(
+        default=None,
+        min_length=1,
+        max_length=255,
+        description="While a pending, processing or paused job holds this key, that job is "
+        "returned (200, `duplicate` true) and nothing is inserted.",
+    )
+    concurrency_key: Name | None = Field(
+        default=None,
+        min_length=1,
+        max_length=255,
+        description="Jobs sharing this key run at most their task's concurrency at once.",
+    )
 
 
 class ResumeBody(BaseModel):
@@ -141,8 +154,13 @@ class JobOut(BaseModel):
     started_at: datetime | None = None
     finished_at: datetime | None = None
     run_at: datetime | None = None
+    unique_key: str | None = None
+    concurrency_key: str | None = None
     stages: list[StageOut]
     outputs: dict[str, Any]
+    duplicate: bool = Field(
+        default=False, description="The enqueue found a live job holding its unique key."
+    )
 
     @classmethod
     def of(cls, job: Job) -> JobOut:
@@ -164,8 +182,11 @@ class JobOut(BaseModel):
             started_at=job.started_at,
             finished_at=job.finished_at,
             run_at=job.run_at,
+            unique_key=job.unique_key,
+            concurrency_key=job.concurrency_key,
             stages=[StageOut(**s) for s in job.stages],
             outputs=job.outputs,
+            duplicate=job.duplicate,
         )
 
 
@@ -212,6 +233,32 @@ class QueueStats(BaseModel):
 class Stats(BaseModel):
     queues: list[QueueStats]
     totals: dict[str, int]
+
+
+class QueueOut(BaseModel):
+    """One queue: paused or not, its limits (null: none), its live jobs."""
+
+    name: str
+    paused: bool
+    concurrency: int | None = Field(description="Jobs running at once, across all workers.")
+    rate: float | None = Field(description="Jobs started per second, at most.")
+    burst: float | None = Field(description="Jobs the rate lets start at once.")
+    pending: int
+    processing: int
+
+
+class QueueList(BaseModel):
+    queues: list[QueueOut]
+
+
+class LimitBody(BaseModel):
+    """`POST /queues/{name}/limit`: the queue's limits; one left out (or null) is lifted."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    concurrency: int | None = Field(default=None, ge=1, le=2**31 - 1)
+    rate: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    burst: float | None = Field(default=None, ge=1, allow_inf_nan=False)
 
 
 class Health(BaseModel):

@@ -2,8 +2,8 @@
 
 Errors are one red line and exit code 1 (bad settings and usage: 2), never a traceback.
 Each command group lives in a module of its own (`run`, `schedule`, `jobs`, `status`,
-`maintenance`, `serve`); this module registers them, in the order `worker --help` lists them,
-and runs the program. What this does not do: no command's work is done here.
+`queues`, `maintenance`, `serve`); this module registers them, in the order `worker --help`
+lists them, and runs the program. What this does not do: no command's work is done here.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import typer
 from rich.markup import escape
 
 from worker.cli import jobs as job_commands
-from worker.cli import maintenance, serve, status
+from worker.cli import maintenance, queues, serve, status
 from worker.cli import run as run_command
 from worker.cli import schedule as schedule_command
 from worker.cli.errors import CliError, fail, friendly
@@ -30,6 +30,7 @@ app = typer.Typer(
 )
 db_app = typer.Typer(help="The embedded PostgreSQL (used when DATABASE_URL is unset).")
 app.add_typer(db_app, name="db")
+app.add_typer(queues.queue_app, name="queue")
 
 for command in (
     run_command.run,
@@ -43,6 +44,7 @@ for command in (
     job_commands.jobs,
     status.stats,
     status.workers,
+    queues.queues,
     maintenance.prune,
     serve.demo,
     serve.bench,

@@ -31,6 +31,12 @@ def enqueue(
     priority: Annotated[int, typer.Option(help="Higher runs first (-100..100).")] = 0,
     delay: Annotated[float, typer.Option(help="Seconds before it may run.")] = 0.0,
     max_retries: Annotated[int | None, typer.Option()] = None,
+    unique_key: Annotated[
+        str | None, typer.Option(help="While a live job holds this key, print its id instead.")
+    ] = None,
+    concurrency_key: Annotated[
+        str | None, typer.Option(help="Jobs sharing this key run one at a time, by default.")
+    ] = None,
     wait: Annotated[bool, typer.Option(help="Wait and print the result.")] = False,
     timeout: Annotated[float | None, typer.Option(help="With --wait: give up after.")] = None,
 ) -> None:
@@ -47,6 +53,8 @@ def enqueue(
         priority=priority,
         delay=delay,
         max_retries=max_retries,
+        unique_key=unique_key,
+        concurrency_key=concurrency_key,
     )
     out.print(job.job_id, highlight=False)
     if not wait:

@@ -34,6 +34,7 @@ from worker.client.errors import (
     JobNotFound,
 )
 from worker.client.job import Job
+from worker.client.queues import QueueState
 from worker.client.validation import (
     MAX_DELAY,
     MAX_RETRIES_LIMIT,
@@ -69,6 +70,7 @@ __all__ = [
     "JobFailed",
     "JobNotFound",
     "JobSpec",
+    "QueueState",
     "cancel",
     "cleanup_jobs",
     "default_client",

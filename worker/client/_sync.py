@@ -13,7 +13,8 @@ from typing import Any
 from uuid import UUID
 
 from worker.client.errors import InvalidTransition, JobNotFound
-from worker.client.job import Job, cancel_result, job_from_row, new_job
+from worker.client.job import Job, cancel_result, job_from_row, new_job, retry_refused
+from worker.client.queues import QueueState, limit_params, queue_name
 from worker.client.targets import (
     SYNC_TAKES,
     Connection,
@@ -24,11 +25,14 @@ from worker.client.targets import (
     rows,
 )
 from worker.client.validation import (
+    UNIQUE_TRIES,
+    Batch,
     JobSpec,
     job_id_of,
     prepared_many,
     prune_params,
     stored_json,
+    unsettled_key,
     validated,
 )
 from worker.client.waiting import Get, Wake, done_waiters, pause, ready_for, time_left
@@ -105,20 +109,44 @@ class Client:
         delay: float | timedelta = 0.0,
         run_at: datetime | None = None,
         max_retries: int | None = None,
+        unique_key: str | None = None,
+        concurrency_key: str | None = None,
         connection: SyncTarget = None,
     ) -> Job:
         """Enqueue one job; returns its handle. Refused with `InvalidJob` before anything is
         written if the payload is not a JSON object or an option is out of range.
 
+        With `unique_key`, while a pending, processing or paused job holds that key, nothing
+        is inserted: the handle is that job's, with `duplicate` true. Jobs sharing a
+        `concurrency_key` run at most their task's `concurrency` at once (1 by default).
+
         >>> client.enqueue("send_email", {"to": "ada@example.com"})  # doctest: +SKIP
+        >>> client.enqueue("bill", {"id": 42}, unique_key="bill:42")  # doctest: +SKIP
         """
         spec = JobSpec(
-            task, {} if payload is None else payload, queue, priority, delay, run_at, max_retries
+            task,
+            {} if payload is None else payload,
+            queue,
+            priority,
+            delay,
+            run_at,
+            max_retries,
+            unique_key,
+            concurrency_key,
         )
         params = validated(spec, self.max_payload_bytes)
         params["id"] = new_job_id()
-        ((id_, due),) = self._insert(sql.ENQUEUE, sql.ENQUEUE_AGAIN, params, connection, True)
-        return new_job(id_, spec, self, due)
+        if unique_key is None:
+            inserted = self._insert(sql.ENQUEUE, sql.ENQUEUE_AGAIN, params, connection, True)
+            ((id_, due),) = inserted
+            return new_job(id_, spec, self, due)
+        for _ in range(UNIQUE_TRIES):
+            statement = sql.ENQUEUE_UNIQUE  # safe to run again, as it is
+            found = self._insert(statement, statement, params, connection, True)
+            if found:
+                ((id_, due),) = found
+                return new_job(id_, spec, self, due, duplicate=str(id_) != params["id"])
+        raise unsettled_key(unique_key)
 
     def enqueue_many(
         self,
@@ -136,6 +164,14 @@ class Client:
         batch = prepared_many(jobs, self.max_payload_bytes)
         if not batch.specs:
             return []
+        if batch.unique:
+            found = self._insert_unique(batch.sent(), connection)
+            # A job sharing its key with an earlier one of the batch gets that one's job.
+            held = [found[batch.ids[batch.same_as.get(i, i)]] for i in range(len(batch.ids))]
+            return [
+                new_job(job_id, spec, self, duplicate=job_id != asked)
+                for job_id, asked, spec in zip(held, batch.ids, batch.specs, strict=True)
+            ]
         copy_rows = batch.copy_rows() if connection is None else None
         if copy_rows is not None:
             self._direct.copy(
@@ -146,6 +182,20 @@ class Client:
                 sql.ENQUEUE_MANY, sql.ENQUEUE_MANY_AGAIN, batch.params(), connection, False
             )
         return [new_job(i, s, self) for i, s in zip(batch.ids, batch.specs, strict=True)]
+
+    def _insert_unique(self, batch: Batch, connection: SyncTarget) -> dict[str, str]:
+        """Each job's id in the database, by the id it was sent with: its own, or that of the
+        live job holding its unique key."""
+        found: dict[str, str] = {}
+        for _ in range(UNIQUE_TRIES):
+            rows_ = self._insert(
+                sql.ENQUEUE_MANY_UNIQUE, sql.ENQUEUE_MANY_UNIQUE, batch.params(), connection, True
+            )
+            found.update({str(asked): str(id_) for asked, id_ in rows_ if id_ is not None})
+            batch = batch.without(found)
+            if not batch.ids:
+                return found
+        raise unsettled_key(str(batch.rows[0]["unique_key"]))
 
     def get(self, job_id: str | UUID) -> Job:
         """The job's current state, with its stages; `JobNotFound` if there is no such job."""
@@ -183,9 +233,7 @@ class Client:
         """Run a failed or cancelled job again, with fresh retries."""
         if not self._run(sql.RETRY, {"id": job_id_of(job_id)}):
             job = self.get(job_id)
-            raise InvalidTransition(
-                f"job {job_id} is {job.status}: only failed or cancelled jobs can be retried"
-            )
+            raise InvalidTransition(retry_refused(job))
         return self.get(job_id)
 
     def cleanup_jobs(
@@ -208,6 +256,49 @@ class Client:
             removed += n
             if n < batch_size:
                 return removed
+
+    # -- queues -----------------------------------------------------------------------------
+
+    def queues(self) -> list[QueueState]:
+        """Every queue with live jobs or controls: paused or not, its limits, its depth."""
+        return [QueueState.of(row) for row in self._run(sql.QUEUE_STATES, {"name": None})]
+
+    def queue(self, name: str) -> QueueState:
+        """One queue's state (an unknown queue is running, unlimited and empty)."""
+        params = {"name": queue_name(name)}
+        found = [QueueState.of(row) for row in self._run(sql.QUEUE_STATES, params)]
+        return found[0] if found else QueueState(name, False, None, None, None, 0, 0)
+
+    def pause_queue(self, name: str) -> QueueState:
+        """Stop every worker claiming from the queue, from its next claim on; running jobs
+        finish. A job whose cancel was requested still settles.
+
+        >>> client.pause_queue("emails")                      # doctest: +SKIP
+        """
+        self._run(sql.PAUSE_QUEUE, {"name": queue_name(name)})
+        return self.queue(name)
+
+    def resume_queue(self, name: str) -> QueueState:
+        """Let workers claim from the queue again, waking the idle ones at once."""
+        self._run(sql.RESUME_QUEUE, {"name": queue_name(name)})
+        return self.queue(name)
+
+    def limit_queue(
+        self,
+        name: str,
+        *,
+        concurrency: int | None = None,
+        rate: float | None = None,
+        burst: float | None = None,
+    ) -> QueueState:
+        """Cap the queue's jobs running at once across all workers (`concurrency`), and how
+        many start per second (`rate`, a token bucket holding `burst`, by default a second's
+        worth). None lifts a limit: `limit_queue(name)` lifts both.
+
+        >>> client.limit_queue("emails", concurrency=2, rate=10)    # doctest: +SKIP
+        """
+        self._run(sql.LIMIT_QUEUE, limit_params(name, concurrency, rate, burst))
+        return self.queue(name)
 
 
 def wait_done(job: Job, get: Get, url: str, deadline: float | None) -> JSON:

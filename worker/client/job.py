@@ -53,7 +53,11 @@ class Job:
     started_at: datetime | None = None
     finished_at: datetime | None = None
     run_at: datetime | None = None
+    unique_key: str | None = None
+    concurrency_key: str | None = None
     stages: list[dict[str, JSON]] = field(default_factory=list)
+    # The enqueue that made this handle found a live job with its unique key: this is that job.
+    duplicate: bool = False
     client: Client | AsyncClient | None = field(default=None, repr=False, compare=False)
 
     @property
@@ -89,9 +93,10 @@ class Job:
         return default_client()
 
     def update(self, other: Job) -> Job:
-        """Take every field of `other` but its client; returns the handle itself."""
+        """Take every field of `other` but its client (and what its enqueue found); returns the
+        handle itself."""
         for name in self.__dataclass_fields__:
-            if name != "client":
+            if name not in ("client", "duplicate"):
                 setattr(self, name, getattr(other, name))
         return self
 
@@ -177,6 +182,8 @@ def job_from_row(row: Row[Any], stages: Sequence[Row[Any]], client: Client | Asy
         started_at=row.started_at,
         finished_at=row.finished_at,
         run_at=row.run_at,
+        unique_key=row.unique_key,
+        concurrency_key=row.concurrency_key,
         # Each stage as a dict of its columns: stage, kind, status, output, error, attempt,
         # started_at, finished_at.
         stages=[dict(s._mapping) for s in stages],
@@ -185,19 +192,37 @@ def job_from_row(row: Row[Any], stages: Sequence[Row[Any]], client: Client | Asy
 
 
 def new_job(
-    job_id: object, spec: JobSpec, client: Client | AsyncClient, run_at: datetime | None = None
+    job_id: object,
+    spec: JobSpec,
+    client: Client | AsyncClient,
+    run_at: datetime | None = None,
+    duplicate: bool = False,
 ) -> Job:
-    """The handle of a job just enqueued from `spec`."""
+    """The handle of a job just enqueued from `spec` (or, `duplicate`, of the live job that
+    held its unique key)."""
     return Job(
         job_id=str(job_id),
+        duplicate=duplicate,
         task=spec.task,
         queue=spec.queue,
         payload=spec.payload,
         priority=spec.priority,
         max_retries=spec.max_retries,
         run_at=run_at,
+        unique_key=spec.unique_key,
+        concurrency_key=spec.concurrency_key,
         client=client,
     )
+
+
+def retry_refused(job: Job) -> str:
+    """Why `sql.RETRY` left the job as it was: its status, or its unique key held by another."""
+    if job.status in (JobStatus.FAILED, JobStatus.CANCELLED):
+        return (
+            f"job {job.job_id} cannot run again while another live job holds its unique key "
+            f"{job.unique_key!r}"
+        )
+    return f"job {job.job_id} is {job.status}: only failed or cancelled jobs can be retried"
 
 
 def cancel_result(job_id: str, row: Row[Any] | None) -> JobStatus:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Container, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -36,7 +36,7 @@ class JobSpec:
 
     >>> JobSpec("send_email", {"to": "ada@example.com"}, queue="emails", delay=60)
     JobSpec(task='send_email', payload={'to': 'ada@example.com'}, queue='emails', priority=0, \
-delay=60, run_at=None, max_retries=None)
+delay=60, run_at=None, max_retries=None, unique_key=None, concurrency_key=None)
     """
 
     task: str
@@ -46,6 +46,20 @@ delay=60, run_at=None, max_retries=None)
     delay: float | timedelta = 0.0
     run_at: datetime | None = None
     max_retries: int | None = None
+    # While a pending, processing or paused job holds this key, enqueueing another returns it.
+    unique_key: str | None = None
+    # Jobs sharing this key run at most their task's `concurrency` at once, across workers.
+    concurrency_key: str | None = None
+
+
+# Tries of an enqueue with a unique key: each finds the job holding the key, unless that job
+# committed too late to be seen, or ended, meanwhile.
+UNIQUE_TRIES = 5
+
+
+def unsettled_key(key: str) -> RuntimeError:
+    """The error of an enqueue whose unique key's holder kept changing under it."""
+    return RuntimeError(f"the job holding unique key {key!r} kept changing; try the enqueue again")
 
 
 def _is_int(value: object) -> bool:
@@ -124,6 +138,10 @@ def validated(spec: JobSpec, max_bytes: int) -> dict[str, Any]:
         not _is_int(spec.max_retries) or not 0 <= spec.max_retries <= MAX_RETRIES_LIMIT
     ):
         raise InvalidJob(f"max_retries must be an integer from 0 to {MAX_RETRIES_LIMIT}")
+    if spec.unique_key is not None and _bad_name(spec.unique_key, 255):
+        raise InvalidJob("unique_key must be a string of 1 to 255 characters, with no NUL")
+    if spec.concurrency_key is not None and _bad_name(spec.concurrency_key, 255):
+        raise InvalidJob("concurrency_key must be a string of 1 to 255 characters, with no NUL")
     delay = spec.delay.total_seconds() if isinstance(spec.delay, timedelta) else spec.delay
     if (
         not isinstance(delay, int | float)
@@ -146,6 +164,8 @@ def validated(spec: JobSpec, max_bytes: int) -> dict[str, Any]:
         "run_at": spec.run_at,
         "delay": float(delay),
         "max_retries": spec.max_retries,
+        "unique_key": spec.unique_key,
+        "concurrency_key": spec.concurrency_key,
     }
 
 
@@ -164,6 +184,27 @@ class Batch:
     specs: list[JobSpec]
     ids: list[str]
     rows: list[dict[str, Any]]  # each job's parameters of `sql.ENQUEUE`, less its id
+    # For each job sharing a unique key with an earlier one of the batch, that one's index: it
+    # is not sent, and its handle is the earlier job's.
+    same_as: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def unique(self) -> bool:
+        """Whether a job of the batch has a unique key (`sql.ENQUEUE_MANY_UNIQUE` then)."""
+        return any(r["unique_key"] is not None for r in self.rows)
+
+    def sent(self) -> Batch:
+        """The batch less the jobs that share a unique key with an earlier one."""
+        return self._only([i for i in range(len(self.rows)) if i not in self.same_as])
+
+    def without(self, found: Container[str]) -> Batch:
+        """The batch less the jobs whose ids are in `found`."""
+        return self._only([i for i, id_ in enumerate(self.ids) if id_ not in found])
+
+    def _only(self, keep: list[int]) -> Batch:
+        return Batch(
+            [self.specs[i] for i in keep], [self.ids[i] for i in keep], [self.rows[i] for i in keep]
+        )
 
     def params(self) -> dict[str, Any]:
         """The parameters of `sql.ENQUEUE_MANY`."""
@@ -174,17 +215,22 @@ class Batch:
             run_at, retries = r["run_at"], r["max_retries"]
             ra = "null" if run_at is None else f'"{run_at.isoformat()}"'
             mr = "null" if retries is None else str(retries)
+            u, ck = (dumps(r[k]) for k in ("unique_key", "concurrency_key"))
             parts.append(
                 f'{{"i":"{id_}","t":{names[r["task"]]},"p":{r["payload"]},'
                 f'"q":{names[r["queue"]]},"pr":{r["priority"]},"ra":{ra},"d":{r["delay"]!r},'
-                f'"mr":{mr}}}'
+                f'"mr":{mr},"u":{u},"ck":{ck}}}'
             )
         return {"jobs": f"[{','.join(parts)}]"}
 
     def copy_rows(self) -> str | None:
         """The rows of `sql.ENQUEUE_MANY_COPY`, or None if a job waits (a delay or a run_at:
-        its run_at must come from the server's clock, which COPY cannot read)."""
-        if any(r["run_at"] is not None or r["delay"] for r in self.rows):
+        its run_at must come from the server's clock, which COPY cannot read) or has a unique
+        key (COPY cannot skip a conflicting row) or a concurrency key."""
+        if self.unique or any(
+            r["run_at"] is not None or r["delay"] or r["concurrency_key"] is not None
+            for r in self.rows
+        ):
             return None
         names = self._names(lambda name: name.translate(_COPY_ESCAPES))
         lines = []
@@ -219,7 +265,15 @@ def prepared_many(jobs: Iterable[JobSpec | tuple[str, dict[str, JSON]]], max_byt
         except InvalidJob as exc:
             raise InvalidJob(f"job {i}: {exc}") from None
         specs.append(spec)
-    return Batch(specs, new_job_ids(len(rows)), rows)
+    first_with: dict[str, int] = {}
+    same_as: dict[int, int] = {}
+    for i, row in enumerate(rows):
+        key = row["unique_key"]
+        if key is not None:
+            same_as_earlier = first_with.setdefault(key, i)
+            if same_as_earlier != i:
+                same_as[i] = same_as_earlier
+    return Batch(specs, new_job_ids(len(rows)), rows, same_as)
 
 
 def parse_duration(value: str | float | timedelta) -> timedelta:

@@ -24,7 +24,7 @@ from worker.daemon.db import LockWaits, Patience
 from worker.db.batcher import Batcher, Verdict
 from worker.db.driver import Driver, Locked, OutcomeWrite, RecordedOutcome, RetryPolicy
 from worker.logs import first_line
-from worker.models import Outcome, OutcomeKind, ProgressEvent, StageEnd, StageStatus
+from worker.models import ClaimedJob, Outcome, OutcomeKind, ProgressEvent, StageEnd, StageStatus
 from worker.settings import Settings
 
 log = logging.getLogger("worker.jobs")
@@ -46,9 +46,7 @@ class Completer:
     ) -> None:
         self._driver = driver
         self._worker_id = worker_id
-        self._policy = RetryPolicy(
-            settings.max_retries, settings.retry_backoff_base, settings.retry_backoff_max
-        )
+        self._policy = RetryPolicy(settings.retry_backoff_base, settings.retry_backoff_max)
         self._patience = patience
         self._publish = publish
         self._on_recorded = on_recorded
@@ -63,9 +61,9 @@ class Completer:
             name="completer",
         )
 
-    def add(self, job_id: str, retries: int, outcome: Outcome) -> None:
-        """Queue the outcome of the attempt that claimed the job with `retries`."""
-        self._batcher.add(OutcomeWrite(job_id, retries, outcome))
+    def add(self, job: ClaimedJob, outcome: Outcome) -> None:
+        """Queue the outcome of the attempt that claimed `job`."""
+        self._batcher.add(OutcomeWrite(job.id, job.retry_count, outcome, job.max_retries))
 
     @property
     def pending(self) -> int:
@@ -127,7 +125,7 @@ def _refused(item: OutcomeWrite, exc: Exception) -> OutcomeWrite:
         error=f"the job's outcome could not be stored: {type(exc).__name__}: {reason}",
         stage_end=end,
     )
-    return OutcomeWrite(item.job_id, item.retries, refused)
+    return OutcomeWrite(item.job_id, item.retries, refused, item.max_retries)
 
 
 def _agrees(event: ProgressEvent, status: str) -> bool:

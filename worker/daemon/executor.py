@@ -196,16 +196,14 @@ class Executor:
             return Outcome(OutcomeKind.SNOOZED, delay=snooze.seconds)
         except PauseForResolution as pause:
             return Outcome(OutcomeKind.PAUSED, result=pause.question)
-        except TaskTimeout as exc:
-            return Outcome(OutcomeKind.RETRY, error=str(exc))
         except JobLost as exc:
             log.warning("%s", exc, extra=fields("job.lost", job_id=ctx.job_id))
             return Outcome(OutcomeKind.RETRY, error=str(exc))  # the guarded outcome write skips it
+        except TaskTimeout as exc:
+            return entry.retries.outcome(exc, ctx.job.retry_count, str(exc))
         except Exception as exc:
-            return Outcome(
-                OutcomeKind.RETRY,
-                error=f"{type(exc).__name__}: {exc}\n" + traceback.format_exc(limit=30),
-            )
+            error = f"{type(exc).__name__}: {exc}\n" + traceback.format_exc(limit=30)
+            return entry.retries.outcome(exc, ctx.job.retry_count, error)
 
     async def stop(self, grace: float, flags: Mapping[str, threading.Event]) -> None:
         """Give running attempts `grace` seconds; then cancel them (their `flags` first)."""

@@ -96,19 +96,34 @@ async def _wait_until_set(event: asyncio.Event, timeout: float | None) -> None:
 def claim_spec(
     worker_id: UUID, queues: list[str], settings: Settings, registry: Mapping[str, Executable]
 ) -> ClaimSpec:
-    """What every claim asks, with the registered pipelines and their first stages, for the
-    claim to start them."""
+    """What every claim asks: the registered pipelines and their first stages, for the claim to
+    start them, and the tasks' own retry limits and concurrency per key, for the claim to
+    read."""
     pipelines = [
         (name, entry.main_stages[0].name)
         for name, entry in registry.items()
         if isinstance(entry, Pipeline) and entry.main_stages
     ]
+    per_key = {
+        name: concurrency
+        for name, entry in registry.items()
+        if (concurrency := getattr(entry, "concurrency", None)) is not None
+    }
+    limits = {
+        name: entry.retries.max_retries
+        for name, entry in registry.items()
+        if entry.retries.max_retries is not None
+    }
     return ClaimSpec(
         worker_id,
         queues,
         settings.max_retries,
         [name for name, _ in pipelines],
         [stage for _, stage in pipelines],
+        list(limits),
+        list(limits.values()),
+        list(per_key),
+        list(per_key.values()),
     )
 
 
@@ -123,7 +138,7 @@ class LocalQueue:
         settings: Settings,
         patience: Patience,
         stopping: Callable[[], bool],
-        hand_over: Callable[[str, int, Outcome], None],
+        hand_over: Callable[[ClaimedJob, Outcome], None],
     ) -> None:
         self._driver = driver
         self._id = worker_id
@@ -245,7 +260,7 @@ class LocalQueue:
         """An attempt ended: hand its outcome over, and fill the slot it freed."""
         self.unwritten.add(job.id)
         self.held.pop(job.id, None)
-        self._hand_over(job.id, job.retry_count, outcome)
+        self._hand_over(job, outcome)
         average = self.job_seconds
         self.job_seconds = took if average == float("inf") else 0.8 * average + 0.2 * took
         self.freed()

@@ -18,7 +18,7 @@ What this does not do: it does not retry, nor decide what an outage means (see t
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Final, Protocol
 from uuid import UUID
@@ -57,32 +57,38 @@ class Registration:
 
 @dataclass(frozen=True, slots=True)
 class ClaimSpec:
-    """What every claim of one worker asks, made once: its queues, its default retries, and
-    the registered pipelines with their first stages (the claim starts those)."""
+    """What every claim of one worker asks, made once: its queues, its default retries and
+    those of the tasks that set their own, and the registered pipelines with their first
+    stages (the claim starts those)."""
 
     worker_id: UUID
     queues: list[str]
     default_max_retries: int
     pipelines: list[str]
     first_stages: list[str]
+    retry_tasks: list[str] = field(default_factory=list)  # tasks with their own max_retries
+    retry_limits: list[int] = field(default_factory=list)  # and those max_retries
+    key_tasks: list[str] = field(default_factory=list)  # tasks with a `concurrency` per key
+    key_limits: list[int] = field(default_factory=list)  # and that concurrency
 
 
 @dataclass(frozen=True, slots=True)
 class RetryPolicy:
-    """How a failed attempt is retried: the default retries and the backoff's bounds."""
+    """The worker's backoff, for a retry whose task chose no delay of its own."""
 
-    default_max_retries: int  # for jobs enqueued without their own
     backoff_base: float  # seconds before the first retry; doubling with each one after
     backoff_max: float  # the longest wait, whatever the count
 
 
 @dataclass(slots=True)
 class OutcomeWrite:
-    """The outcome of the attempt that claimed the job with `retries`."""
+    """The outcome of the attempt that claimed the job with `retries`, and may retry it while
+    fewer than `max_retries` (as the claim read them) were made."""
 
     job_id: str
     retries: int
     outcome: Outcome
+    max_retries: int
 
 
 @dataclass(frozen=True, slots=True)

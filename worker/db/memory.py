@@ -258,11 +258,12 @@ class MemoryDriver:
             key=lambda j: (-j.priority, j.run_at, j.seq),
         )[:limit]
         first_stages = dict(zip(spec.pipelines, spec.first_stages, strict=True))
+        task_limits = dict(zip(spec.retry_tasks, spec.retry_limits, strict=True))
         claimed = []
         for job in due:
             last_error, max_retries = job.error, job.max_retries
             if max_retries is None:
-                max_retries = spec.default_max_retries
+                max_retries = task_limits.get(job.task, spec.default_max_retries)
             job.status, job.worker_id, job.started_at, job.error = (
                 JobStatus.PROCESSING,
                 spec.worker_id,
@@ -336,17 +337,17 @@ class MemoryDriver:
         """The job's status after its outcome, as `sql.RECORD_OUTCOMES` decides it."""
         job, o = self.jobs[write.job_id], write.outcome
         now = time.monotonic()
-        limit = policy.default_max_retries if job.max_retries is None else job.max_retries
+        limit = write.max_retries
         comes_back = o.kind in (OutcomeKind.RETRY, OutcomeKind.SNOOZED, OutcomeKind.PAUSED)
         if comes_back and job.cancel_requested:
             job.status, job.run_at = JobStatus.PENDING, now  # the next claim settles it
         elif o.kind == OutcomeKind.RETRY and job.retry_count < limit:
-            job.status, job.run_at = JobStatus.PENDING, now
+            job.status, job.run_at = JobStatus.PENDING, now + (o.delay or 0.0)
             job.retry_count += 1
         elif o.kind == OutcomeKind.RETRY:
             job.status = JobStatus.FAILED
         elif o.kind == OutcomeKind.SNOOZED:
-            job.status, job.run_at = JobStatus.PENDING, now + o.delay
+            job.status, job.run_at = JobStatus.PENDING, now + (o.delay or 0.0)
         else:
             job.status = JobStatus(o.kind.value)
         if o.kind == OutcomeKind.COMPLETED:

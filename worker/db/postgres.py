@@ -258,6 +258,10 @@ class PostgresDriver:
             "running": running,
             "pipelines": spec.pipelines,
             "first_stages": spec.first_stages,
+            "retry_tasks": spec.retry_tasks,
+            "retry_limits": spec.retry_limits,
+            "key_tasks": spec.key_tasks,
+            "key_limits": spec.key_limits,
         }
         return [ClaimedJob(*row) for row in await fetch(self.claims, statement, params)]
 
@@ -278,6 +282,7 @@ class PostgresDriver:
                 {
                     "id": w.job_id,
                     "retries": w.retries,
+                    "max_retries": w.max_retries,
                     "outcome": o.kind,
                     "error": o.error,
                     "delay": o.delay,
@@ -298,7 +303,6 @@ class PostgresDriver:
             {
                 "outcomes": outcomes,
                 "worker_id": worker_id,
-                "default_max_retries": policy.default_max_retries,
                 "backoff_base": policy.backoff_base,
                 "backoff_max": policy.backoff_max,
             },

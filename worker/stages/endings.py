@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from worker.attempt import call
 from worker.encoding import NotStorable
 from worker.models import JSON, EventStatus, OutcomeKind, StageStatus
+from worker.retries import DEFAULT_RULES, RetryRules
 from worker.tasks import Context, JobCancelled, PauseForResolution, Snooze
 
 if TYPE_CHECKING:
@@ -57,7 +58,7 @@ class Ending(StrEnum):
     SNOOZED = "snoozed"
     PAUSED = "paused"
     CANCELLED = "cancelled"
-    FAILED_FOR_GOOD = "failed_for_good"  # past its deadline: no retry helps
+    FAILED_FOR_GOOD = "failed_for_good"  # past its deadline, or given up on: no retry
     RETRYABLE = "retryable"  # it raised: the job is retried from this stage
     NOT_STORABLE = "not_storable"  # its output cannot be stored: no retry helps
 
@@ -97,13 +98,21 @@ class Ended:
     stored_error: str | None = None  # the stage row's error
     job_error: str | None = None  # the outcome's error
     message: dict[str, JSON] | None = None  # the event's message
-    delay: float = 0.0  # snoozed: seconds until the stage runs again
+    delay: float | None = None  # snoozed or retried: seconds until the stage runs again
     question: JSON = None  # paused: what the operator is asked
 
     @classmethod
-    def raised(cls, stage: str, exc: Exception, cancelled: bool) -> Ended:
-        """How a stage that raised `exc` ended; a cancel requested meanwhile wins over a
-        snooze or a pause, which would otherwise take the job out of a worker's reach."""
+    def raised(
+        cls,
+        stage: str,
+        exc: Exception,
+        cancelled: bool,
+        rules: RetryRules = DEFAULT_RULES,
+        retries: int = 0,
+    ) -> Ended:
+        """How a stage that raised `exc` ended, in an attempt after `retries` retries; a cancel
+        requested meanwhile wins over a snooze or a pause, which would otherwise take the job
+        out of a worker's reach. The pipeline's `rules` say whether a failure is retried."""
         if isinstance(exc, JobCancelled) or (
             cancelled and isinstance(exc, Snooze | PauseForResolution)
         ):
@@ -123,7 +132,12 @@ class Ended:
                 job_error=error,
                 message={"error": short_error(exc)},
             )
-        return cls.failed(stage, exc)
+        ended = cls.failed(stage, exc)
+        outcome = rules.outcome(exc, retries, ended.job_error or "")
+        if outcome.kind == OutcomeKind.FAILED:
+            ended.how = Ending.FAILED_FOR_GOOD
+        ended.delay = outcome.delay
+        return ended
 
     @classmethod
     def failed(cls, stage: str, exc: Exception) -> Ended:

@@ -52,6 +52,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar, overload
 
 from worker.models import JSON, Outcome
+from worker.retries import Backoff, rules
 from worker.schema import MAX_TASK_NAME
 from worker.stages import runner
 from worker.stages.stage import ALL_DONE, ALL_SUCCESS, Stage, TriggerRule
@@ -84,11 +85,16 @@ class Pipeline:
         *,
         timeout: float | None = None,
         result: Callable[[dict[str, JSON]], JSON] | None = None,
+        max_retries: int | None = None,
+        backoff: Backoff | None = None,
+        give_up_on: type[BaseException] | tuple[type[BaseException], ...] = (),
     ) -> None:
         if not isinstance(name, str) or not name:
             raise ValueError("a pipeline needs a name: the task name jobs are enqueued with")
         self.name = name
         self.timeout = timeout
+        # As a task's (`worker.retries`): a stage that fails retries the job from that stage.
+        self.retries = rules(max_retries, backoff, give_up_on)
         self.stages: list[Stage] = []
         self.result = result
         register(self)

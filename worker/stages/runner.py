@@ -267,7 +267,9 @@ class PipelineRun:
         try:
             output = await invoke(ctx, stage, age)
         except Exception as exc:
-            self.ended = Ended.raised(stage.name, exc, ctx.cancelled)
+            self.ended = Ended.raised(
+                stage.name, exc, ctx.cancelled, self.pipeline.retries, self.job.retry_count
+            )
         else:
             try:
                 text = dumps(output)

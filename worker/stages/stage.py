@@ -11,6 +11,7 @@ from enum import StrEnum
 from typing import Any, Protocol
 
 from worker.models import JSON
+from worker.retries import RetryRules
 
 
 class TriggerRule(StrEnum):
@@ -41,6 +42,7 @@ class StageList(Protocol):
 
     name: str
     result: Callable[[dict[str, JSON]], JSON] | None
+    retries: RetryRules
 
     @property
     def main_stages(self) -> Sequence[Stage]: ...

@@ -10,6 +10,7 @@ says in one line why it is safe. Callers name a statement as `sql.CLAIM`, wherev
 - `actions`: cancel, resume, retry and read one job; retention;
 - `stages`: a pipeline's stage bookkeeping;
 - `events`: progress events;
+- `queues`: pausing, resuming and limiting a queue, and each queue's state;
 - `schedules`: a periodic task's tick, fired once by any number of workers;
 - `admin`: the read-only questions of the HTTP edge, the CLI and the metrics, the CLI's
   bulk writes, and the demo's and the bench's questions about their own jobs.
@@ -55,6 +56,8 @@ from worker.db.sql.enqueue import (
     ENQUEUE_MANY,
     ENQUEUE_MANY_AGAIN,
     ENQUEUE_MANY_COPY,
+    ENQUEUE_MANY_UNIQUE,
+    ENQUEUE_UNIQUE,
 )
 from worker.db.sql.events import (
     PUBLISH_EVENTS,
@@ -69,6 +72,7 @@ from worker.db.sql.liveness import (
     RELEASE,
     RESCUE,
 )
+from worker.db.sql.queues import LIMIT_QUEUE, PAUSE_QUEUE, QUEUE_STATES, RESUME_QUEUE
 from worker.db.sql.schedules import (
     FIRE_TICK,
     SCHEDULE_ROWS,
@@ -95,6 +99,8 @@ __all__ = [
     "ENQUEUE_MANY",
     "ENQUEUE_MANY_AGAIN",
     "ENQUEUE_MANY_COPY",
+    "ENQUEUE_MANY_UNIQUE",
+    "ENQUEUE_UNIQUE",
     "FIND_JOBS",
     "FIRE_TICK",
     "GET_JOB",
@@ -105,11 +111,14 @@ __all__ = [
     "JOB_STATS",
     "JOB_STATUS",
     "LAST_EVENTS",
+    "LIMIT_QUEUE",
     "LIST_WORKERS",
     "LOAD_STAGES",
     "OUTCOMES",
+    "PAUSE_QUEUE",
     "PRUNE_BATCH",
     "PUBLISH_EVENTS",
+    "QUEUE_STATES",
     "QUEUE_STATS",
     "READ_EVENTS",
     "RECORD_FINAL_ERROR",
@@ -118,6 +127,7 @@ __all__ = [
     "RELEASE",
     "RESCUE",
     "RESUME",
+    "RESUME_QUEUE",
     "RETRY",
     "RETRY_BATCH",
     "SCHEDULE_ROWS",

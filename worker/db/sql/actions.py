@@ -1,5 +1,7 @@
 """What operators and clients do to one job: cancel, resume, retry, read; and retention."""
 
+from worker.db.sql.enqueue import KEY_HELD
+
 # Safe: the row lock orders this against a claim and an outcome. A job that is not running
 # and owes no ALL_DONE cleanup is cancelled at once. A running job only gets the request (a
 # worker honours it at the next stage boundary, then runs the cleanup). A waiting job whose
@@ -41,11 +43,12 @@ RETURNING id, pg_notify('worker_jobs', queue) IS NULL AS _
 # Its stage rows are renumbered to attempt 0 in the same statement, because attempts count
 # from 1 again and the stage runner tells an owed cleanup by attempt number (nothing is owed
 # here: a job only becomes failed or cancelled once its cleanup ran).
-RETRY = """
+# A job whose unique key another live job holds stays as it is (`jobs_unique_key_idx`).
+RETRY = f"""
 WITH job AS (
-    UPDATE worker.jobs SET status = 'pending', retry_count = 0, run_at = now(),
+    UPDATE worker.jobs AS j SET status = 'pending', retry_count = 0, run_at = now(),
            finished_at = NULL, cancel_requested = false, error = NULL, final_error = NULL
-    WHERE id = %(id)s AND status IN ('failed', 'cancelled')
+    WHERE id = %(id)s AND status IN ('failed', 'cancelled') AND NOT {KEY_HELD}
     RETURNING id, queue
 ), renumbered AS (
     UPDATE worker.job_stages AS s SET attempt = 0 FROM job WHERE s.job_id = job.id
@@ -57,7 +60,8 @@ JOB_STATUS = "SELECT status FROM worker.jobs WHERE id = %(id)s"
 
 GET_JOB = """
 SELECT id, queue, task, payload, status, priority, run_at, retry_count, max_retries, result,
-       error, created_at, started_at, finished_at, worker_id, cancel_requested, question, answer
+       error, created_at, started_at, finished_at, worker_id, cancel_requested, question, answer,
+       unique_key, concurrency_key
 FROM worker.jobs WHERE id = %(id)s
 """
 

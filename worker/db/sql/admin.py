@@ -4,6 +4,8 @@
 about their own jobs are here too. What this does not hold: one job's verbs (`actions`).
 """
 
+from worker.db.sql.enqueue import KEY_HELD
+
 # Read-only: counts per queue and status; the pending age counts from when a job became due
 # (`run_at`), so a job delayed on purpose is not reported as waiting.
 JOB_STATS = """
@@ -74,19 +76,22 @@ WHERE status = %(status)s::text AND status IN ('failed', 'cancelled')
 # worker or an operator holding a row; moved rows leave the filter (and the cutoff keeps them
 # out if they fail again), so repeating the statement walks the set once. Same reset as RETRY;
 # one NOTIFY per queue and batch.
-RETRY_BATCH = """
+RETRY_BATCH = f"""
 WITH batch AS (
-    SELECT id FROM worker.jobs
+    SELECT id, unique_key FROM worker.jobs AS j
     WHERE status = %(status)s::text AND status IN ('failed', 'cancelled')
       AND (%(task)s::text IS NULL OR task = %(task)s::text)
       AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
       AND (finished_at <= %(cutoff)s::timestamptz OR finished_at IS NULL)
+      AND NOT {KEY_HELD}
     LIMIT %(batch)s
     FOR UPDATE SKIP LOCKED
 ), moved AS (
+    -- Of the jobs of the batch sharing a unique key, one goes back: the key takes one.
     UPDATE worker.jobs AS j SET status = 'pending', retry_count = 0, run_at = now(),
            finished_at = NULL, cancel_requested = false, error = NULL, final_error = NULL
-    FROM batch WHERE j.id = batch.id
+    FROM (SELECT DISTINCT ON (coalesce(unique_key, id::text)) id FROM batch) AS one
+    WHERE j.id = one.id
     RETURNING j.id, j.queue
 ), renumbered AS (
     UPDATE worker.job_stages AS s SET attempt = 0 FROM moved WHERE s.job_id = moved.id

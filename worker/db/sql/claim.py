@@ -21,7 +21,10 @@ _CLAIMED = """), claimed AS (
     SET status = 'processing', worker_id = %(worker_id)s, started_at = now(), error = NULL
     FROM next WHERE j.id = ANY(ARRAY(SELECT id FROM next)) AND j.id = next.id
     RETURNING j.id, j.task, j.payload, j.queue, j.priority, j.retry_count,
-              coalesce(j.max_retries, %(default_max_retries)s) AS max_retries,
+              coalesce(j.max_retries,
+                       (SELECT m.n FROM unnest(%(retry_tasks)s::text[], %(retry_limits)s::int[])
+                            AS m(task, n) WHERE m.task = j.task),
+                       %(default_max_retries)s) AS max_retries,
               j.cancel_requested, j.answer, next.error AS last_error, j.final_error
 ), first_stage AS (
     -- A pipeline job with no stage row yet starts its first stage with the claim: one commit
@@ -36,6 +39,13 @@ _CLAIMED = """), claimed AS (
       AND NOT EXISTS (SELECT FROM worker.job_stages AS s WHERE s.job_id = c.id)
     ON CONFLICT (job_id, stage) DO NOTHING
     RETURNING job_id
+), spent AS (
+    -- A rate-limited queue's bucket pays for the jobs claimed from it: `worker.queue_budget`
+    -- locked its row, so no other claim spends meanwhile.
+    UPDATE worker.queues AS q
+    SET tokens = worker.queue_tokens(q) - c.n, refilled_at = now()
+    FROM (SELECT queue, count(*) AS n FROM claimed GROUP BY queue) AS c
+    WHERE q.name = c.queue AND q.rate IS NOT NULL
 )
 -- In claim order: the worker starts jobs it claimed ahead of its free slots in this order.
 SELECT c.*, c.id IN (SELECT job_id FROM first_stage) AS first_stage_started
@@ -44,8 +54,12 @@ ORDER BY next.priority DESC, next.run_at
 """
 
 
-def _due(queue: str) -> str:
-    """The due pending jobs of one queue in claim order (priority, then due time), locked.
+def _due(queue: str, budget: str) -> str:
+    """The due pending jobs of one queue in claim order (priority, then due time), locked: at
+    most `budget` of them (what `worker.queue_budget` allows), none whose concurrency key is
+    at its task's limit (`worker.concurrency_key_free`, 1 for a task that sets none), and,
+    while the budget is spent, the jobs that only settle (a cancel requested, or a failure for
+    good whose cleanups were lost), which no pause or limit holds back.
 
     One short scan of jobs_runnable_idx per priority present, highest first, each stopping at
     the first job not due yet; the next priority is found by one index probe, and only if the
@@ -65,26 +79,49 @@ def _due(queue: str) -> str:
                 ORDER BY j.priority DESC LIMIT 1)
         FROM level WHERE level.priority IS NOT NULL
     )
-    SELECT d.* FROM level CROSS JOIN LATERAL (
+    (SELECT d.* FROM level CROSS JOIN LATERAL (
         SELECT id, priority, run_at, error FROM worker.jobs AS j
         WHERE j.status = 'pending' AND j.queue = {queue} AND j.priority = level.priority
           AND j.run_at <= now() AND j.id <> ALL(%(running)s::uuid[])
           AND EXISTS (SELECT FROM lease)
+          AND CASE WHEN j.concurrency_key IS NULL THEN true
+                   ELSE worker.concurrency_key_free(j.concurrency_key, coalesce(
+                       (SELECT m.n FROM unnest(%(key_tasks)s::text[], %(key_limits)s::int[])
+                            AS m(task, n) WHERE m.task = j.task), 1)) END
         ORDER BY j.run_at
-        LIMIT %(limit)s
+        LIMIT {budget}
         FOR UPDATE SKIP LOCKED
     ) AS d
-    LIMIT %(limit)s"""
+    LIMIT {budget})
+    UNION ALL
+    SELECT s.* FROM (
+        SELECT id, priority, run_at, error FROM worker.jobs AS j
+        WHERE {budget} = 0 AND j.status = 'pending' AND j.queue = {queue}
+          AND (j.cancel_requested OR j.final_error IS NOT NULL)
+          AND j.run_at <= now() AND j.id <> ALL(%(running)s::uuid[])
+          AND EXISTS (SELECT FROM lease)
+        LIMIT %(limit)s
+        FOR UPDATE SKIP LOCKED
+    ) AS s"""
 
 
 # Safe: SKIP LOCKED gives each pending row to exactly one claimer; the CTE fences the LIMIT
-# before the UPDATE, so a worker never takes more jobs than it has free slots; within a queue
-# a priority is only scanned while that LIMIT is not met, so no row beyond it is locked.
+# before the UPDATE, so a worker never takes more jobs than it has free slots, nor more of a
+# queue than its budget (`worker.queue_budget`, migration 0008: a pause, a concurrency limit,
+# a rate); within a queue a priority is only scanned while that LIMIT is not met, so no row
+# beyond it is locked.
 # A job this worker still runs is skipped (`running`): after a missed lease a rescued job
 # waits for its old attempt here to end, or goes to another worker; never two attempts at once.
 # A worker of one queue (the usual case) claims with the scans of that queue alone: on an idle
 # queue its round trip is shorter than the several-queue form's.
-CLAIM_ONE_QUEUE = _LEASE + ", next AS (" + _due("(%(queues)s::text[])[1]") + _CLAIMED
+CLAIM_ONE_QUEUE = (
+    _LEASE
+    + """, budget AS (
+    SELECT worker.queue_budget((%(queues)s::text[])[1], %(limit)s) AS n
+), next AS ("""
+    + _due("(%(queues)s::text[])[1]", "(SELECT n FROM budget)")
+    + _CLAIMED
+)
 
 # The same for a worker of several queues: the scans of each queue (`queue = ANY(...)` cannot
 # use the index order, and sorting every pending row would make each claim cost O(backlog)).
@@ -92,8 +129,10 @@ CLAIM_ONE_QUEUE = _LEASE + ", next AS (" + _due("(%(queues)s::text[])[1]") + _CL
 CLAIM = (
     _LEASE
     + """, next AS (
-    SELECT c.* FROM unnest(%(queues)s::text[]) AS q(name) CROSS JOIN LATERAL ("""
-    + _due("q.name")
+    SELECT c.* FROM unnest(%(queues)s::text[]) AS q(name)
+    CROSS JOIN LATERAL (SELECT worker.queue_budget(q.name, %(limit)s) AS n) AS budget
+    CROSS JOIN LATERAL ("""
+    + _due("q.name", "budget.n")
     + """
     ) AS c
     ORDER BY c.priority DESC, c.run_at
@@ -107,7 +146,9 @@ CLAIM = (
 # this one) is never overwritten by the attempt the rescue ended; the NOTIFY is sent at commit,
 # after the rows are visible, so a waiter woken by it reads the final state.
 # `outcome` is completed | retry | failed | cancelled | paused | snoozed. A retry becomes
-# pending after a backoff with jitter while retries remain, else failed. `stage`, if not NULL,
+# pending while fewer than the attempt's `max_retries` were made (as its claim read them:
+# the job's own, else its task's, else the worker's), else failed; it waits for the delay its
+# task chose, or else the worker's backoff with jitter. `stage`, if not NULL,
 # is a pipeline stage that finished with the attempt: it is recorded in the same statement (one
 # commit less per job), only where `done` took the outcome (the job is ours). Rows: see
 # `json_records` (a JSON null result or output arrives as SQL NULL, hence the coalesce).
@@ -121,7 +162,8 @@ RECORD_OUTCOMES = (
     """
 WITH r AS (
     SELECT * FROM json_to_recordset(CAST(%(outcomes)s AS json)) AS r(
-        id uuid, retries int, outcome text, result json, error text, delay float8,
+        id uuid, retries int, max_retries int, outcome text, result json, error text,
+        delay float8,
         stage text, stage_status text, stage_output json)
 ), mine AS MATERIALIZED (
     SELECT j.id FROM worker.jobs AS j JOIN r ON r.id = j.id
@@ -135,19 +177,20 @@ WITH r AS (
             WHEN r.outcome IN ('retry', 'snoozed', 'paused') AND j.cancel_requested
             THEN 'pending'
             WHEN r.outcome = 'retry' THEN
-                CASE WHEN j.retry_count < coalesce(j.max_retries, %(default_max_retries)s)
+                CASE WHEN j.retry_count < r.max_retries
                      THEN 'pending' ELSE 'failed' END
             WHEN r.outcome = 'snoozed' THEN 'pending'
             ELSE r.outcome END,
         retry_count = j.retry_count + CASE
             WHEN r.outcome = 'retry' AND NOT j.cancel_requested
-                 AND j.retry_count < coalesce(j.max_retries, %(default_max_retries)s)
+                 AND j.retry_count < r.max_retries
             THEN 1 ELSE 0 END,
         run_at = CASE
             WHEN r.outcome IN ('retry', 'snoozed', 'paused') AND j.cancel_requested
             THEN now()
-            WHEN r.outcome = 'retry' THEN now() + make_interval(secs => least(
-                %(backoff_max)s, %(backoff_base)s * power(2, j.retry_count)) * (0.5 + random() / 2))
+            WHEN r.outcome = 'retry' THEN now() + make_interval(secs => coalesce(r.delay,
+                least(%(backoff_max)s, %(backoff_base)s * power(2, j.retry_count))
+                * (0.5 + random() / 2)))
             WHEN r.outcome = 'snoozed' THEN now() + make_interval(secs => r.delay)
             ELSE j.run_at END,
         result = CASE WHEN r.outcome = 'completed' THEN coalesce(CAST(r.result AS jsonb), 'null')
@@ -157,8 +200,7 @@ WITH r AS (
         error = coalesce(r.error, CASE WHEN r.outcome = 'snoozed' THEN j.error END),
         finished_at = CASE WHEN r.outcome IN ('completed', 'failed', 'cancelled') THEN now()
                            WHEN r.outcome = 'retry' AND NOT j.cancel_requested
-                                AND j.retry_count >= coalesce(j.max_retries,
-                                                              %(default_max_retries)s)
+                                AND j.retry_count >= r.max_retries
                            THEN now() END
     FROM r JOIN mine ON mine.id = r.id
     -- By primary key alone: `mine` checked the guard on the rows it locked, and they stay

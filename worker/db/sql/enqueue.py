@@ -1,16 +1,25 @@
 """Enqueueing: one job, a batch, and their idempotent twins for a retry after a lost connection."""
 
+from worker.schema import LIVE
+
+# Another live job holds the unique key of the job `j`: `j` may not become live again
+# meanwhile (the partial unique index `jobs_unique_key_idx` would refuse it). Retries check it.
+KEY_HELD = f"""EXISTS (
+    SELECT FROM worker.jobs AS holder
+    WHERE holder.unique_key = j.unique_key AND holder.{LIVE} AND holder.id <> j.id)"""
+
 # The statement trigger `worker.jobs_notify` sends one NOTIFY per inserting transaction and queue,
 # delivered at commit: in the caller's transaction, no worker sees or hears of the job before.
 # Casts are written CAST(x AS t) so the client can run this on any driver's connection. The
 # client makes the id (time-ordered, like the column default), so a retry can be idempotent.
 _INSERT_ONE = """
-INSERT INTO worker.jobs (id, task, payload, queue, priority, run_at, max_retries)
+INSERT INTO worker.jobs (id, task, payload, queue, priority, run_at, max_retries, unique_key,
+                         concurrency_key)
 VALUES (CAST(%(id)s AS uuid), %(task)s, CAST(%(payload)s AS jsonb), %(queue)s,
         CAST(%(priority)s AS smallint),
         coalesce(CAST(%(run_at)s AS timestamptz),
                  now() + make_interval(secs => CAST(%(delay)s AS float8))),
-        CAST(%(max_retries)s AS integer))
+        CAST(%(max_retries)s AS integer), %(unique_key)s, %(concurrency_key)s)
 """
 
 ENQUEUE = _INSERT_ONE + "RETURNING id, run_at\n"
@@ -26,18 +35,56 @@ UNION ALL
 SELECT id, run_at FROM worker.jobs WHERE id = CAST(%(id)s AS uuid) AND NOT EXISTS (SELECT FROM ins)
 """
 
+# A job with a unique key: inserted, or else the live job holding the key (`jobs_unique_key_idx`)
+# is returned in its place; the caller tells the two apart by id. Also safe to run again after
+# the connection died: a first try that committed is found by its id. No row: the job holding
+# the key committed after this statement's snapshot (the insert waited for it), so it cannot
+# be read here; the caller runs this again, and a new snapshot sees it.
+ENQUEUE_UNIQUE = f"""
+WITH ins AS ({_INSERT_ONE}ON CONFLICT DO NOTHING
+    RETURNING id, run_at
+)
+SELECT id, run_at FROM ins
+UNION ALL
+(SELECT id, run_at FROM worker.jobs
+ WHERE id = CAST(%(id)s AS uuid) AND NOT EXISTS (SELECT FROM ins)
+ UNION ALL
+ SELECT id, run_at FROM worker.jobs
+ WHERE unique_key = %(unique_key)s AND {LIVE} AND NOT EXISTS (SELECT FROM ins)
+ LIMIT 1)
+"""
+
 # One statement (one round trip) for any number of jobs: one JSON array of rows, unpacked
 # server-side (much cheaper for the client to build than parallel arrays, whose text form it
 # must escape element by element); one NOTIFY per queue for the whole batch. The client makes
 # the ids, so each handle matches its row whatever order the rows are written in. A row:
 # {"i": id, "t": task, "p": payload object, "q": queue, "pr": priority, "ra": run_at or null,
-#  "d": delay seconds, "mr": max_retries or null}. Used in a caller's transaction (any driver)
-# and for batches with waiting jobs; other batches go by ENQUEUE_MANY_COPY.
-ENQUEUE_MANY = """
-INSERT INTO worker.jobs (id, task, payload, queue, priority, run_at, max_retries)
-SELECT i, t, CAST(p AS jsonb), q, pr, coalesce(ra, now() + make_interval(secs => d)), mr
-FROM json_to_recordset(CAST(%(jobs)s AS json))
-    AS x(i uuid, t text, p json, q text, pr smallint, ra timestamptz, d float8, mr integer)
+#  "d": delay seconds, "mr": max_retries or null, "u": unique_key or null, "ck":
+# concurrency_key or null}. Used in a caller's transaction (any driver) and for batches with
+# waiting jobs or keys; other batches go by ENQUEUE_MANY_COPY.
+_ROWS = """json_to_recordset(CAST(%(jobs)s AS json))
+    AS x(i uuid, t text, p json, q text, pr smallint, ra timestamptz, d float8, mr integer,
+         u text, ck text)"""
+_INSERT_MANY = f"""
+INSERT INTO worker.jobs (id, task, payload, queue, priority, run_at, max_retries, unique_key,
+                         concurrency_key)
+SELECT i, t, CAST(p AS jsonb), q, pr, coalesce(ra, now() + make_interval(secs => d)), mr, u, ck
+FROM {_ROWS}
+"""
+ENQUEUE_MANY = _INSERT_MANY
+
+# A batch with unique keys (no two of the batch share one): each row's job, inserted or the
+# live one already holding its key, as ENQUEUE_UNIQUE does for one; NULL where the holder
+# committed after this statement's snapshot (the caller asks again for those rows alone).
+ENQUEUE_MANY_UNIQUE = f"""
+WITH ins AS ({_INSERT_MANY}ON CONFLICT DO NOTHING
+    RETURNING id
+)
+SELECT x.i AS asked, coalesce(
+    (SELECT ins.id FROM ins WHERE ins.id = x.i),
+    (SELECT j.id FROM worker.jobs AS j WHERE j.id = x.i),
+    (SELECT j.id FROM worker.jobs AS j WHERE j.unique_key = x.u AND j.{LIVE})) AS id
+FROM {_ROWS}
 """
 
 # A batch of jobs that all run now, on the client's own connection: COPY, as it is quicker than

@@ -1,7 +1,7 @@
 """worker.schedules: one row per periodic task's schedule, the latest tick it fired
 
-Revision ID: 0008
-Revises: 0007
+Revision ID: 0009
+Revises: 0008
 Create Date: 2026-12-02 13:30:00.000000
 
 Each worker running a periodic task (`@task(cron=...)`, `@task(every=...)`) fires its ticks
@@ -10,8 +10,8 @@ through this row: a compare-and-set on `last_tick` and the job's insert in one s
 fire it. A schedule changed in code has a new key, and its old row stays, harmless; delete it
 with `DELETE FROM worker.schedules WHERE key = '...'`.
 
-`worker.grant_roles()` (migration 0003) now also grants this table: the runner reads and
-advances rows, the client reads them. The former function stays under the name
+`worker.grant_roles()` (migrations 0003 and 0008) now also grants this table: the runner
+reads and advances rows, the client reads them. The former function stays under the name
 `worker.grant_job_roles()`, which the new one calls.
 """
 
@@ -20,8 +20,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0008"
-down_revision: str | None = "0007"
+revision: str = "0009"
+down_revision: str | None = "0008"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
