@@ -180,3 +180,17 @@ job_events = Table(
     # Every read is of one job's events in id order; ids come from the sequence, unique alone.
     PrimaryKeyConstraint("job_id", "id", name="job_events_pkey"),
 )
+
+# One row per periodic task's schedule (migration 0008): the latest tick taken, advanced by a
+# compare-and-set that inserts the tick's job in the same statement (`sql.FIRE_TICK`).
+schedules = Table(
+    "schedules",
+    metadata,
+    Column("key", Text, primary_key=True),  # the task's name and its spec
+    Column("task", Text, nullable=False),
+    Column("spec", Text, nullable=False),
+    Column("last_tick", DateTime(timezone=True), nullable=False),
+    Column("fired", BigInteger, nullable=False, server_default=text("0")),  # jobs enqueued
+    Column("fired_at", DateTime(timezone=True), nullable=True),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
+)

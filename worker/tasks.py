@@ -18,7 +18,7 @@ import threading
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, Unpack, overload
 
 from pydantic import BaseModel, ValidationError
@@ -29,6 +29,7 @@ from worker.client.validation import JobSpec
 from worker.encoding import dumps
 from worker.models import JSON, ClaimedJob, EventStatus, Outcome, OutcomeKind, ProgressEvent
 from worker.retries import DEFAULT_RULES, Backoff, RetryRules, rules
+from worker.schedules import register_schedule, schedule_for
 
 if TYPE_CHECKING:
     from worker.client import AsyncClient, Client, Job
@@ -319,6 +320,9 @@ def task(
     give_up_on: type[BaseException] | tuple[type[BaseException], ...] = (),
     concurrency: int | None = None,
     concurrency_key: Callable[[Any], str] | None = None,
+    cron: str | None = None,
+    every: float | timedelta | None = None,
+    tz: str | None = None,
 ) -> _Decorator: ...
 
 
@@ -333,6 +337,9 @@ def task(
     give_up_on: type[BaseException] | tuple[type[BaseException], ...] = (),
     concurrency: int | None = None,
     concurrency_key: Callable[[Any], str] | None = None,
+    cron: str | None = None,
+    every: float | timedelta | None = None,
+    tz: str | None = None,
 ) -> Any:
     """Register a function as a task; the worker runs it for jobs naming it. Returns its
     `Task`, callable as the function was, with `enqueue` and `enqueue_async`.
@@ -340,6 +347,9 @@ def task(
     `max_retries`, `backoff` and `give_up_on` are its retry policy (`worker.retries`).
     `concurrency_key` names a job's key from its payload, and `concurrency` (1 by default) is
     how many jobs sharing a key may run at once, across all workers.
+
+    With `cron` (in zone `tz`, UTC by default) or `every` (seconds, or a timedelta), the
+    workers also enqueue it with an empty payload at each tick (see `worker.schedules`).
 
     >>> @task
     ... def add(payload):
@@ -366,6 +376,7 @@ def task(
             for p in inspect.signature(f).parameters.values()
             if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
         ]
+        schedule = schedule_for(name or f.__name__, cron=cron, every=every, tz=tz)
         entry: Task[Any, Any] = Task(
             name=name or f.__name__,
             fn=f,
@@ -378,6 +389,8 @@ def task(
             concurrency_key=concurrency_key,
         )
         register(entry)
+        if schedule is not None:
+            register_schedule(schedule)
         return entry
 
     return decorate(fn) if fn is not None else decorate

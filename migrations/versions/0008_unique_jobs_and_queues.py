@@ -1,4 +1,4 @@
-"""unique jobs, concurrency keys, and queues an operator can pause, limit and rate-limit
+"""unique jobs, concurrency keys, queues an operator can pause and limit, periodic schedules
 
 Revision ID: 0008
 Revises: 0007
@@ -26,7 +26,17 @@ that rule: the claims of one key take turns on an advisory lock, count the key's
 jobs once they hold it, and count what the claim itself took so far in a setting local to its
 transaction. A job skipped for its key stays pending for a later claim.
 
-Adding the column is instant; building the index reads worker.jobs once, holding off inserts
+Schedules: `worker.schedules` holds one row per periodic task's schedule (`@task(cron=...)`,
+`@task(every=...)`) and the latest tick it fired. Each worker running the task fires its ticks
+through the row: a compare-and-set on `last_tick` and the job's insert in one statement
+(`worker.db.sql.schedules.FIRE_TICK`), so that each tick is enqueued once however many workers
+fire it. A schedule changed in code has a new key, and its old row stays, harmless; delete it
+with `DELETE FROM worker.schedules WHERE key = '...'`.
+
+`worker.grant_roles()` grants the new tables too: the runner writes queue controls and
+schedules, the client reads them.
+
+Adding the columns is instant; building the index reads worker.jobs once, holding off inserts
 meanwhile.
 """
 
@@ -51,6 +61,18 @@ CREATE TABLE worker.queues (
     tokens double precision NOT NULL DEFAULT 0,
     refilled_at timestamptz NOT NULL DEFAULT now(),
     updated_at timestamptz NOT NULL DEFAULT now()
+)
+"""
+
+SCHEDULES_TABLE = """
+CREATE TABLE worker.schedules (
+    key text PRIMARY KEY,
+    task text NOT NULL,
+    spec text NOT NULL,
+    last_tick timestamptz NOT NULL,
+    fired bigint NOT NULL DEFAULT 0,
+    fired_at timestamptz,
+    created_at timestamptz NOT NULL DEFAULT now()
 )
 """
 
@@ -162,11 +184,17 @@ OLD_ENQUEUE = "worker.enqueue(text, jsonb, text, integer, timestamptz, integer)"
 NEW_ENQUEUE = "worker.enqueue(text, jsonb, text, integer, timestamptz, integer, text, text)"
 
 
-def _grants(enqueue: str, queues: bool) -> str:
-    """`worker.grant_roles()` as 0003 made it, for `enqueue`'s signature and the queues table."""
-    client_queues = "GRANT SELECT ON worker.queues TO worker_client;" if queues else ""
+def _grants(enqueue: str, new_tables: bool) -> str:
+    """`worker.grant_roles()` as 0003 made it, for `enqueue`'s signature and, `new_tables`,
+    this migration's tables."""
+    client_queues = (
+        "GRANT SELECT ON worker.queues, worker.schedules TO worker_client;" if new_tables else ""
+    )
     runner_queues = (
-        "GRANT SELECT, INSERT, UPDATE, DELETE ON worker.queues TO worker_runner;" if queues else ""
+        "GRANT SELECT, INSERT, UPDATE, DELETE ON worker.queues TO worker_runner;"
+        "GRANT SELECT, INSERT, UPDATE ON worker.schedules TO worker_runner;"
+        if new_tables
+        else ""
     )
     return f"""
 CREATE OR REPLACE FUNCTION worker.grant_roles() RETURNS text LANGUAGE plpgsql AS $$
@@ -228,7 +256,8 @@ def upgrade() -> None:
     op.execute(QUEUES_TABLE)
     op.execute(TOKENS_FUNCTION)
     op.execute(BUDGET_FUNCTION)
-    op.execute(_grants(NEW_ENQUEUE, queues=True))
+    op.execute(SCHEDULES_TABLE)
+    op.execute(_grants(NEW_ENQUEUE, new_tables=True))
     op.execute("SELECT worker.grant_roles()")
 
 
@@ -236,6 +265,7 @@ def downgrade() -> None:
     op.execute("DROP FUNCTION worker.concurrency_key_free(text, integer)")
     op.execute("DROP INDEX worker.jobs_concurrency_key_idx")
     op.execute("ALTER TABLE worker.jobs DROP COLUMN concurrency_key")
+    op.execute("DROP TABLE worker.schedules")
     op.execute("DROP FUNCTION worker.queue_budget(text, integer)")
     op.execute("DROP FUNCTION worker.queue_tokens(worker.queues)")
     op.execute("DROP TABLE worker.queues")
@@ -258,7 +288,7 @@ CREATE FUNCTION worker.enqueue(
 $$
 """
     )
-    op.execute(_grants(OLD_ENQUEUE, queues=False))
+    op.execute(_grants(OLD_ENQUEUE, new_tables=False))
     op.execute("SELECT worker.grant_roles()")
     op.execute("DROP INDEX worker.jobs_unique_key_idx")
     op.execute("ALTER TABLE worker.jobs DROP COLUMN unique_key")

@@ -60,12 +60,7 @@ def run(
                 message = str(exc.errors()[0].get("msg", "is invalid"))
                 raise fail(f"--{option}: {message.removeprefix('Value error, ')}", 2) from None
     configure(s.log_level, s.log_format)
-    sys.path.insert(0, os.getcwd())
-    for name in modules:
-        try:
-            importlib.import_module(name)
-        except ImportError as exc:
-            raise CliError(f"cannot import task module {name!r}: {exc}") from None
+    import_task_modules(modules)
     database = url()
     try:
         wait_for_database(database, connect_timeout)
@@ -92,6 +87,16 @@ def run(
         # A sync task ignoring its timeout still runs; its job was handed back already.
         sys.stderr.flush()
         os._exit(0)
+
+
+def import_task_modules(modules: list[str]) -> None:
+    """Import the modules defining tasks, from the current directory too."""
+    sys.path.insert(0, os.getcwd())
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except ImportError as exc:
+            raise CliError(f"cannot import task module {name!r}: {exc}") from None
 
 
 def serve_metrics(worker: Any, database: str, s: Settings) -> MetricsServer:

@@ -6,7 +6,7 @@ A `Worker` holds one asyncio loop's worth of parts, all talking to one `Driver`:
 - the executor (`executor`): attempts, their timeouts and thread slots;
 - the completer (`completer`): outcomes, written in batches;
 - the stage store (`stage_store`): a pipeline's bookkeeping, for the stage runner;
-- the plugins (`plugins`): heartbeat, rescuer, retention;
+- the plugins (`plugins`): heartbeat, rescuer, retention, the scheduler of periodic tasks;
 - the progress bus, and the driver's notifications (new jobs, cancel requests).
 
 A stop (`request_stop`, SIGTERM in `worker run`) stops claiming, hands back the jobs claimed
@@ -34,7 +34,7 @@ from worker.daemon.completer import Completer
 from worker.daemon.db import Patience
 from worker.daemon.executor import Executor
 from worker.daemon.local_queue import LocalQueue, claim_spec
-from worker.daemon.plugins import Heartbeat, Plugin, Rescuer, Retention
+from worker.daemon.plugins import Heartbeat, Plugin, Rescuer, Retention, Scheduler
 from worker.daemon.stage_store import DaemonStageStore
 from worker.db.driver import Closable, Driver, RecordedOutcome, Registration
 from worker.db.errors import TRANSIENT, describe
@@ -42,6 +42,7 @@ from worker.db.postgres import PostgresDriver
 from worker.events import PostgresBus, ProgressBus
 from worker.logs import fields
 from worker.models import JobStatus
+from worker.schedules import SCHEDULES
 from worker.settings import Settings
 from worker.tasks import REGISTRY
 
@@ -152,6 +153,9 @@ class Worker:
         ]
         if self.settings.retention_enabled:
             plugins.append(Retention(self.driver, self.settings))
+        schedules = [s for s in SCHEDULES.values() if s.task in self.registry]
+        if schedules:
+            plugins.append(Scheduler(self.driver, schedules))
         duties = [
             asyncio.create_task(self._completer.run(), name="completer"),
             asyncio.create_task(self.store.run(), name="stage writes"),

@@ -224,6 +224,13 @@ class Driver(Protocol):
     async def prune(self, statuses: list[str], before: datetime, batch: int) -> int:
         """Delete up to `batch` jobs finished before `before`; returns how many."""
 
+    # -- periodic tasks ---------------------------------------------------------------------
+
+    async def fire_tick(self, key: str, task: str, spec: str, tick: datetime) -> str | None:
+        """Enqueue the job of schedule `key`'s `tick` unless its row has a tick as late: the
+        new job's id, or None (another worker fired it, or the schedule is new: its row is
+        created at `tick`, with no job)."""
+
     # -- progress events --------------------------------------------------------------------
 
     async def publish_events(self, batch: Sequence[EventWrite]) -> list[str]:

@@ -5,9 +5,10 @@ PostgreSQL statements keep: a pending job is claimed by one worker only, and onl
 worker is registered; an outcome or a stage write applies only to the attempt that holds the
 job (status `processing`, the worker's id, the retry count it was claimed with); a job whose
 row is `lock`ed (as by another client's open transaction) is skipped, answering `LOCKED`;
-a rescue takes back the jobs of workers silent for a lease, counting the lost attempt. It is
-a seam for running a worker in one process and for fast tests, not a mock of PostgreSQL: it
-does not speak SQL, and retry backoffs are due at once.
+a rescue takes back the jobs of workers silent for a lease, counting the lost attempt; a
+schedule's tick is enqueued once, and not at the schedule's first sight. It is a seam for
+running a worker in one process and for fast tests, not a mock of PostgreSQL: it does not
+speak SQL, and retry backoffs are due at once.
 
 Notifications are delivered on the subscriber's loop: `enqueue` and `cancel` are meant to be
 called from it. `unreachable = True` makes every operation fail as an outage does (`OSError`),
@@ -113,6 +114,7 @@ class MemoryDriver:
         self.stages = MemoryStageStore()  # the rules of a stage's row, kept once
         self.events: list[ProgressEvent] = []
         self.locked: set[str] = set()  # rows another client holds locked
+        self.schedules: dict[str, datetime] = {}  # a schedule's key: its latest tick taken
         self.unreachable = False
         self.claims = 0  # claim statements answered, for tests of the claim loop
         self._subscribers: list[tuple[str, Callable[[str | None], None]]] = []
@@ -400,6 +402,18 @@ class MemoryDriver:
             self.stages.forget(job_id)
         self.events = [e for e in self.events if e.job_id not in doomed]
         return len(doomed)
+
+    async def fire_tick(self, key: str, task: str, spec: str, tick: datetime) -> str | None:
+        self._reachable()
+        last = self.schedules.get(key)
+        if last is not None and last >= tick:
+            return None  # fired already, here or by another worker
+        self.schedules[key] = tick
+        if last is None:
+            return None  # first sight: the schedule fires from its next tick
+        job_id = self.enqueue(task)
+        self.jobs[job_id].run_at = time.monotonic() + (tick - datetime.now(UTC)).total_seconds()
+        return job_id
 
     async def publish_events(self, batch: Sequence[EventWrite]) -> list[str]:
         self._reachable()

@@ -373,6 +373,13 @@ class PostgresDriver:
             cur = await conn.execute(sql.PRUNE_BATCH, params)
         return int(cur.rowcount)
 
+    # -- periodic tasks ---------------------------------------------------------------------
+
+    async def fire_tick(self, key: str, task: str, spec: str, tick: datetime) -> str | None:
+        params = {"key": key, "task": task, "spec": spec, "tick": tick}
+        rows = await fetch(self.pool, sql.FIRE_TICK, params)
+        return str(rows[0][0]) if rows else None
+
     # -- progress events --------------------------------------------------------------------
 
     async def publish_events(self, batch: Sequence[EventWrite]) -> list[str]:

@@ -11,6 +11,7 @@ says in one line why it is safe. Callers name a statement as `sql.CLAIM`, wherev
 - `stages`: a pipeline's stage bookkeeping;
 - `events`: progress events;
 - `queues`: pausing, resuming and limiting a queue, and each queue's state;
+- `schedules`: a periodic task's tick, fired once by any number of workers;
 - `admin`: the read-only questions of the HTTP edge, the CLI and the metrics, the CLI's
   bulk writes, and the demo's and the bench's questions about their own jobs.
 """
@@ -72,6 +73,10 @@ from worker.db.sql.liveness import (
     RESCUE,
 )
 from worker.db.sql.queues import LIMIT_QUEUE, PAUSE_QUEUE, QUEUE_STATES, RESUME_QUEUE
+from worker.db.sql.schedules import (
+    FIRE_TICK,
+    SCHEDULE_ROWS,
+)
 from worker.db.sql.stages import (
     RECORD_FINAL_ERROR,
     STAGE_WRITES,
@@ -97,6 +102,7 @@ __all__ = [
     "ENQUEUE_MANY_UNIQUE",
     "ENQUEUE_UNIQUE",
     "FIND_JOBS",
+    "FIRE_TICK",
     "GET_JOB",
     "GET_STAGES",
     "HEALTH",
@@ -124,6 +130,7 @@ __all__ = [
     "RESUME_QUEUE",
     "RETRY",
     "RETRY_BATCH",
+    "SCHEDULE_ROWS",
     "SET_LEASE",
     "STAGE_WRITES",
     "STUCK_BY_QUEUE",

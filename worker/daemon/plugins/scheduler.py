@@ -1,0 +1,122 @@
+"""The scheduler: a periodic task's job enqueued at each tick, once however many workers run.
+
+Every worker with periodic tasks runs one. It sleeps until the soonest tick of its schedules
+(it does not poll), then fires, for each schedule, the latest tick due through the driver's
+`fire_tick`: the database takes each tick once, so the workers all firing it enqueue one job
+(see `worker.db.sql.schedules`). At start, the latest tick due is fired as well: after a
+downtime that is one catch-up job for the latest missed tick, whatever number were missed,
+and for a schedule the database has never seen, none (it fires from its next tick on).
+
+What this does not do: it does not make up ticks missed while no worker ran or the database
+was unreachable (one job stands for them all), nor run the jobs it enqueues; they are claimed
+like any other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+
+import psycopg
+
+from worker.db.backoff import Backoff
+from worker.db.driver import Driver
+from worker.db.errors import TRANSIENT, describe
+from worker.logs import fields
+from worker.schedules import Schedule
+
+log = logging.getLogger("worker.daemon")
+
+_FAILURES = (psycopg.Error, *TRANSIENT)
+REFUSED_RETRY = 60.0  # seconds before a refused firing is tried again: an operator must act
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+class Scheduler:
+    """Fires the ticks of `schedules` as they come; see the module's docs."""
+
+    name = "scheduler"
+
+    def __init__(
+        self,
+        driver: Driver,
+        schedules: Sequence[Schedule],
+        clock: Callable[[], datetime] = _now,
+    ) -> None:
+        self._driver = driver
+        self._schedules = list(schedules)
+        self._clock = clock
+        self._taken: dict[str, datetime] = {}  # per key, the latest tick fired from here
+
+    async def fire_due(self) -> list[str]:
+        """Fire each schedule's latest tick due, if not fired from here yet; the new jobs'
+        ids. A firing that fails (an outage, a refusal) is tried again next time; its error is
+        raised once the other schedules have fired."""
+        now, fired = self._clock(), []
+        failed: Exception | None = None
+        for schedule in self._schedules:
+            tick = schedule.latest_at_or_before(now)
+            taken = self._taken.get(schedule.key)
+            if taken is not None and tick <= taken:
+                continue
+            try:
+                job_id = await self._driver.fire_tick(
+                    schedule.key, schedule.task, schedule.spec, tick
+                )
+            except _FAILURES as exc:  # the other schedules still fire; this one next time
+                failed = exc
+                continue
+            self._taken[schedule.key] = tick
+            if job_id is not None:
+                fired.append(job_id)
+                log.info(
+                    "scheduled job %s (%s) enqueued for %s",
+                    job_id,
+                    schedule.task,
+                    tick.isoformat(),
+                    extra=fields(
+                        "schedule.fired",
+                        job_id=job_id,
+                        task=schedule.task,
+                        schedule=schedule.key,
+                        tick=tick.isoformat(),
+                    ),
+                )
+        if failed is not None:
+            raise failed
+        return fired
+
+    def seconds_to_next_tick(self) -> float:
+        """How long until the soonest tick of any schedule."""
+        now = self._clock()
+        soonest = min(schedule.next_after(now) for schedule in self._schedules)
+        return max(0.0, (soonest - now).total_seconds())
+
+    async def run(self) -> None:
+        backoff = Backoff()
+        while True:
+            try:
+                await self.fire_due()
+            except TRANSIENT as exc:
+                log.debug("scheduled ticks not fired yet: %s", type(exc).__name__)
+                await asyncio.sleep(backoff.next())
+                continue
+            except psycopg.Error as exc:  # a refusal (no table, no grant): jobs still run
+                error = describe(exc)
+                log.error(
+                    "scheduled ticks failed (%s); trying again in %.0f s",
+                    error,
+                    REFUSED_RETRY,
+                    extra=fields("schedule.failed", error=error),
+                )
+                await asyncio.sleep(REFUSED_RETRY)
+                continue
+            backoff.reset()
+            # Asleep until the tick, not polling; a wake-up a little early finds nothing due
+            # and sleeps again for the rest.
+            await asyncio.sleep(self.seconds_to_next_tick())
