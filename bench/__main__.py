@@ -25,7 +25,17 @@ from typing import Any
 from bench import harness, report
 from bench.harness import Adapter, Bench, Server
 
-WORKLOADS = ["enq1", "enqbulk", "drain1", "drain2", "latency", "bigtable", "pipeline", "memory"]
+WORKLOADS = [
+    "enq1",
+    "enqbulk",
+    "drain1",
+    "drain2",
+    "latency",
+    "bigtable",
+    "pipeline",
+    "limited",
+    "memory",
+]
 PEERS = ["pgqueuer", "procrastinate", "chancy"]
 LIBS = ["durable", *PEERS, "bare"]
 BIG_TEMPLATE = "bench_durable_history_tpl"
@@ -206,6 +216,17 @@ def main() -> None:
                     variant="warning",
                     template=BIG_TEMPLATE,
                     label=f"as drain 1 process, with {args.history:,} finished jobs in the table",
+                )
+            if ours and "limited" in only:
+                bench.drain(ours, run, 1, variant="warning", pair="drain_limited")
+                bench.drain(
+                    ours,
+                    run,
+                    1,
+                    workload="drain_limited",
+                    variant="limited",
+                    label=f"as drain 1 process, the queue limited to {durable.GENEROUS_LIMIT:,} "
+                    "running at once",
                 )
             if ours and "pipeline" in only:
                 if "bare" in libs:

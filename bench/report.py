@@ -186,6 +186,11 @@ def render(records: list[dict[str, Any]], info: dict[str, Any], args: Any) -> st
         0.8,
     )
     own_row(
+        f"drain {n:,}, 1 process, the queue limited to 10,000 running at once",
+        "drain_limited",
+        0.8,
+    )
+    own_row(
         f"drain {n:,} 3-stage pipeline jobs (stage outputs persisted), 1 process",
         "drain_pipeline",
         0.5,

@@ -4,7 +4,10 @@ producer : `AsyncClient.enqueue` (single) and `AsyncClient.enqueue_many` (1,000 
 worker   : `worker.daemon.Worker` — what `worker run` runs — in its own process, with the
            settings' defaults except the concurrency (10); logging configured as `worker run`
            does, to a file. Variant "warning" logs at WARNING like the peers (Python's default
-           level); variant "info" keeps the default `WORKER_LOG_LEVEL=INFO` (a line per job).
+           level); variant "info" keeps the default `WORKER_LOG_LEVEL=INFO` (a line per job);
+           variant "limited" is "warning" with a concurrency limit on the queue far above what
+           runs (`worker queue limit default --concurrency 10000`), so every claim takes the
+           limited queue's path: its row's lock and the count of its running jobs.
 schema   : `worker.db.migrate.upgrade` (= `worker migrate`).
 """
 
@@ -19,7 +22,12 @@ from worker import AsyncClient, JobSpec, Pipeline, task
 from worker.db import migrate
 
 VERSION = importlib.metadata.version("durable-worker")
-LOG_LEVELS: dict[str, Literal["WARNING", "INFO"]] = {"warning": "WARNING", "info": "INFO"}
+LOG_LEVELS: dict[str, Literal["WARNING", "INFO"]] = {
+    "warning": "WARNING",
+    "info": "INFO",
+    "limited": "WARNING",
+}
+GENEROUS_LIMIT = 10_000
 
 
 @task(name="bench.noop")
@@ -49,6 +57,14 @@ async def third(ctx: Any) -> dict[str, int]:
 
 async def install(dsn: str) -> None:
     await asyncio.to_thread(migrate.upgrade, dsn)
+
+
+async def limit_queue(dsn: str) -> None:
+    client = AsyncClient(dsn)
+    try:
+        await client.limit_queue("default", concurrency=GENEROUS_LIMIT)
+    finally:
+        await client.close()
 
 
 class Producer:
@@ -116,7 +132,7 @@ def adapter(label_suffix: str = "") -> harness.Adapter:
         count_jobs_sql="select count(*) from worker.jobs",
         unfinished_sql="select count(*) from worker.jobs where status <> 'completed'",
         succeeded_sql="select count(*) from worker.jobs where status = 'completed'",
-        variants={"warning": None, "info": None},
+        variants={"warning": None, "info": None, "limited": limit_queue},
     )
 
 
