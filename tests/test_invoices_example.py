@@ -3,6 +3,9 @@ processes against a real PostgreSQL, driven as its docstring and docs/scheduling
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from itertools import pairwise
 
 import pytest
@@ -64,3 +67,21 @@ def test_one_customer_s_invoices_go_one_at_a_time(workers, client, db):
     # Each started after the one before finished (the key allows one at a time).
     rows = db.query("SELECT started_at, finished_at FROM worker.jobs ORDER BY started_at")
     assert all(later[0] >= earlier[1] for earlier, later in pairwise(rows))
+
+
+def test_the_monthly_chase_is_listed_with_its_next_run(env):
+    listed = subprocess.run(
+        [sys.executable, "-m", "worker", "schedule", "examples.invoices", "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    (entry,) = json.loads(listed.stdout)
+    assert (entry["task"], entry["schedule"], entry["timezone"]) == (
+        "chase_overdue",
+        "0 9 1 * *",
+        "Europe/Paris",
+    )
+    assert entry["next_run"].endswith(("09:00:00+01:00", "09:00:00+02:00"))

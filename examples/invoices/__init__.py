@@ -18,6 +18,8 @@ Run a worker with it, then enqueue from Python (from the repository root):
   retry; a busy mail server asks for another try later (`Retry(after=...)`).
 - The queue: `worker queue pause invoices` holds every worker's claims from it,
   `worker queue limit invoices --rate 10` caps how fast invoices start.
+- `chase_overdue` runs at 09:00 Paris time on the first of each month, once however many
+  workers run (`worker schedule examples.invoices` shows its next run).
 """
 
 from __future__ import annotations
@@ -64,3 +66,9 @@ def send_invoice(invoice: Invoice, ctx: Context) -> dict[str, object]:
     except MailServerBusy:
         raise Retry(after=invoice.retry_after) from None
     return {"receipt": receipt, "attempt": ctx.attempt}
+
+
+@task(cron="0 9 1 * *", tz="Europe/Paris")
+def chase_overdue(payload: dict[str, object]) -> str:
+    """Monthly: one job per tick, enqueued by whichever worker fires it first."""
+    return "overdue invoices chased"
