@@ -4,6 +4,9 @@ pydantic model gets the validated model; a payload that does not fit is refused 
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from flowtasks import Resize, resize
@@ -63,3 +66,19 @@ def test_the_handle_is_the_registered_task_and_untyped_payloads_pass_as_they_are
     assert isinstance(untyped, Task) and untyped.model is None
     assert untyped.spec({"k": 1}) == JobSpec("typed_tasks_untyped_example", {"k": 1})
     assert untyped({"k": 2}) == {"k": 2}
+
+
+def test_mypy_checks_a_handle_s_payload_options_and_result_against_its_function():
+    source = Path(__file__).parent / "typed_usage.py"
+    checked = subprocess.run(
+        [sys.executable, "-m", "mypy", "--strict", "--no-incremental", str(source)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    errors = [line for line in checked.stdout.splitlines() if ": error:" in line]
+    flagged = {int(line.split(":")[1]) for line in errors}
+    wrong = {
+        n for n, line in enumerate(source.read_text().splitlines(), 1) if line.endswith("# wrong")
+    }
+    assert flagged == wrong, checked.stdout

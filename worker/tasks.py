@@ -233,7 +233,13 @@ class Task(Generic[PayloadT, R]):
                 raise InvalidJob(f"payload {field_error(exc)}") from None
             stored = given.model_dump(mode="json")
         if self.concurrency_key is not None and options.get("concurrency_key") is None:
-            options = {**options, "concurrency_key": self.concurrency_key(given)}
+            try:
+                key = self.concurrency_key(given)
+            except Exception as exc:  # the payload lacks what the key is made of
+                raise InvalidJob(f"concurrency_key: {type(exc).__name__}: {exc}") from None
+            if not isinstance(key, str):
+                raise InvalidJob(f"concurrency_key must return a str, not {type(key).__name__}")
+            options = {**options, "concurrency_key": key}
         return stored, options
 
     def spec(self, payload: PayloadT | dict[str, JSON] | None = None, **options: Any) -> JobSpec:

@@ -27,6 +27,18 @@ def test_a_concurrency_key_comes_from_the_payload_the_task_gets():
         keyed.spec({})
 
 
+@task(name="task_options_dict_keyed", concurrency_key=lambda payload: payload["customer"])
+def dict_keyed(payload: dict[str, str]) -> None:
+    return None
+
+
+def test_a_key_that_cannot_be_made_from_the_payload_is_refused_naming_the_option():
+    with pytest.raises(InvalidJob, match=r"^concurrency_key: KeyError: 'customer'"):
+        dict_keyed.spec({})
+    with pytest.raises(InvalidJob, match=r"^concurrency_key must return a str, not int"):
+        dict_keyed.spec({"customer": 5})  # type: ignore[dict-item]
+
+
 @pytest.mark.parametrize(
     ("options", "message"),
     [
