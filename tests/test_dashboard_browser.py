@@ -130,3 +130,28 @@ def test_rows_added_with_more_stay_through_the_list_refresh(env, database_url, p
             expect(rows).to_have_count(70)
         finally:
             browser.close()
+
+
+def test_the_queues_table_shows_each_queue_s_pause_and_limits(env, database_url, processes):
+    from playwright.sync_api import expect, sync_playwright
+
+    api = start_api(env, processes)
+    client = Client(database_url)
+    client.enqueue("nobody_runs_this", {}, queue="mail")
+    client.enqueue("nobody_runs_this", {}, queue="free")
+    client.pause_queue("mail")
+    client.limit_queue("mail", concurrency=2, rate=5)
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page()
+            page.goto(api.base + "/")
+            mail = page.locator("#stats tbody tr", has_text="mail")
+            expect(mail.locator("td").last).to_have_text("paused, 2 at once, 5/s", timeout=30_000)
+            free = page.locator("#stats tbody tr", has_text="free")
+            expect(free.locator("td").last).to_have_text("")
+            client.resume_queue("mail")  # the table follows within its refresh
+            expect(mail.locator("td").last).to_have_text("2 at once, 5/s", timeout=10_000)
+        finally:
+            browser.close()
