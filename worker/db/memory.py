@@ -8,7 +8,9 @@ row is `lock`ed (as by another client's open transaction) is skipped, answering 
 a rescue takes back the jobs of workers silent for a lease, counting the lost attempt; a
 schedule's tick is enqueued once, and not at the schedule's first sight. It is a seam for
 running a worker in one process and for fast tests, not a mock of PostgreSQL: it does not
-speak SQL, and retry backoffs are due at once.
+speak SQL, the worker's own retry backoff is due at once (a task's chosen delay is kept), and
+it does not apply queue pauses, queue limits or concurrency keys, which are the database's
+rules (`worker.queue_budget`, `worker.concurrency_key_free`).
 
 Notifications are delivered on the subscriber's loop: `enqueue` and `cancel` are meant to be
 called from it. `unreachable = True` makes every operation fail as an outage does (`OSError`),
