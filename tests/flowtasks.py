@@ -12,7 +12,7 @@ from typing import Any
 from pydantic import BaseModel
 from testtasks import record
 
-from worker import Backoff, Retry, task
+from worker import Backoff, Pipeline, Retry, task
 
 
 class Resize(BaseModel):
@@ -59,3 +59,18 @@ def occupies(payload: dict[str, Any], ctx: Any) -> None:
 def per_customer(payload: dict[str, Any], ctx: Any) -> None:
     """At most two jobs of one customer at once, whichever workers run them."""
     occupies(payload, ctx)
+
+
+gives_up = Pipeline("gives_up", max_retries=3, give_up_on=ValueError)
+
+
+@gives_up.stage
+def gives_up_check(ctx: Any) -> None:
+    record(ctx.job_id, "stage")
+    raise ValueError("this order can never ship")
+
+
+@gives_up.cleanup
+def gives_up_cleanup(ctx: Any) -> str:
+    record(ctx.job_id, "cleanup")
+    return "released"

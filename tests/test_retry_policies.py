@@ -55,3 +55,14 @@ def test_retry_after_runs_the_job_again_no_sooner_than_asked(env, db, processes,
         "SELECT extract(epoch FROM max(at) - min(at)) FROM effects WHERE job = %s", (job.job_id,)
     )
     assert gap >= 1.4  # the second attempt waited for the delay the task asked for
+
+
+def test_a_pipeline_that_gives_up_fails_without_a_retry_and_still_cleans_up(
+    env, db, processes, client
+):
+    processes.worker(env, "flowtasks")
+    job = client.enqueue("gives_up", {})
+    with pytest.raises(JobFailed, match="this order can never ship"):
+        job.wait_sync(timeout=20)
+    assert job.retry_count == 0
+    assert sorted(db.effects(job.job_id)) == ["cleanup", "stage"]
