@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 
+import psycopg
 import pytest
 from flowtasks import per_customer
 from support.waiting import wait_until
@@ -51,6 +52,28 @@ def test_a_queue_limited_to_two_runs_two_at_once_across_three_workers(env, db, p
         job.wait_sync(timeout=60)
     assert all(job.status == "completed" for job in jobs)
     assert most_at_once(intervals(db)) == 2
+
+
+def test_claim_ahead_never_holds_more_of_a_limited_queue_than_its_limit(
+    env, database_url, processes, client
+):
+    client.limit_queue("fast", concurrency=3)
+    for _ in range(2):
+        processes.worker(
+            env, "flowtasks", extra={"WORKER_QUEUES": "fast", "WORKER_CONCURRENCY": "10"}
+        )
+    jobs = client.enqueue_many([JobSpec("add", {"a": 1, "b": 1}, queue="fast")] * 300)
+    held, done = [], 0
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        deadline = time.monotonic() + 60
+        while done < len(jobs) and time.monotonic() < deadline:
+            ((processing, done),) = conn.execute(
+                "SELECT count(*) FILTER (WHERE status = 'processing'), "
+                "count(*) FILTER (WHERE status = 'completed') FROM worker.jobs"
+            ).fetchall()
+            held.append(processing)
+    assert done == len(jobs)
+    assert max(held) == 3  # jobs claimed ahead are processing too: never past the limit
 
 
 def test_jobs_sharing_a_concurrency_key_run_at_most_their_task_s_limit_across_workers(
