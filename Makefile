@@ -2,7 +2,7 @@
 PYTHON ?= python3
 VENV := .venv
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint docs bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,6 +15,9 @@ demo: $(VENV)/.installed
 
 test: $(VENV)/.installed
 	$(VENV)/bin/python -m pytest -n auto -q
+
+docs: $(VENV)/.installed
+	$(VENV)/bin/mkdocs build --strict
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check worker tests examples bench
