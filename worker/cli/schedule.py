@@ -4,7 +4,7 @@ It imports the modules as `worker run` does and lists each schedule: its task, i
 expression or interval, its time zone, its next run, and from `worker.schedules` (when the
 database answers) the last tick it fired and how many jobs it enqueued. What this does not
 do: it enqueues nothing and changes no row; an old schedule's row is deleted with SQL (see
-the README's "Periodic jobs").
+docs/scheduling.md, "Periodic jobs").
 """
 
 from __future__ import annotations
