@@ -86,6 +86,8 @@ def test_enqueue_sent_again_after_a_commit_in_doubt_does_not_write_a_second_job(
         "run_at": None,
         "delay": 60.0,
         "max_retries": None,
+        "unique_key": None,
+        "concurrency_key": None,
     }
     (first,) = query(database_url, sql.ENQUEUE, params)
     (again,) = query(database_url, sql.ENQUEUE_AGAIN, params)

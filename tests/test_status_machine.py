@@ -121,6 +121,10 @@ class JobLifecycle(RuleBasedStateMachine):
             running=[],
             pipelines=["work"],  # as a pipeline, so the claim also starts its first stage
             first_stages=["load"],
+            retry_tasks=[],
+            retry_limits=[],
+            key_tasks=[],
+            key_limits=[],
         )
 
     def write_outcome(self, worker: int, job_id: uuid.UUID, retries: int, outcome: str) -> None:
@@ -128,6 +132,10 @@ class JobLifecycle(RuleBasedStateMachine):
         error = "boom" if outcome in ("retry", "failed", "cancelled") else None
         row = {"id": str(job_id), "retries": retries, "outcome": outcome, "error": error}
         row["delay"] = 0.0
+        # The attempt's retry limit, as its claim read it: the job's own, else the default.
+        ((row["max_retries"],),) = self.run(
+            "SELECT coalesce(max_retries, 2) FROM worker.jobs WHERE id = %(id)s", id=job_id
+        ) or [(2,)]
         self.run(
             sql.RECORD_OUTCOMES,
             outcomes=json_records([(row, {"result": result})]),

@@ -11,7 +11,7 @@ import asyncio
 import time
 from typing import Any
 
-from support.effects import task_connection
+from support.recording import task_connection
 
 from worker import PauseForResolution, Pipeline, task
 

@@ -12,7 +12,7 @@ import os
 import time
 from typing import Any
 
-from support.effects import task_connection
+from support.recording import task_connection
 
 from worker import Context, Pipeline, task
 
