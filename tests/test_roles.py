@@ -177,6 +177,16 @@ def test_runner_role_runs_a_real_worker(database_url, login_role, processes: Pro
     assert "permission denied" not in log and "Traceback" not in log, log
 
 
+def test_the_runner_may_pause_and_limit_queues_and_the_client_only_read_them(login_role):
+    runner, client = Client(login_role("worker_runner")), login_role("worker_client")
+    runner.pause_queue("mail")
+    limited = runner.limit_queue("mail", concurrency=2, rate=3)
+    assert (limited.paused, limited.concurrency, limited.rate) == (True, 2, 3.0)
+    assert Client(client).queue("mail").paused
+    refused(client, "UPDATE worker.queues SET paused = false")
+    refused(client, "INSERT INTO worker.queues (name) VALUES ('other')")
+
+
 def test_migration_by_a_user_who_may_not_create_roles_still_succeeds():
     """On a server without the roles, an owner without CREATEROLE migrates anyway (NOTICE);
     a DBA creates the roles later and applies the grants with one call."""
