@@ -36,7 +36,7 @@ from worker.daemon.db import Patience
 from worker.daemon.stage_store import DaemonStageStore
 from worker.daemon.worker import Worker
 from worker.db.connect import aconnect
-from worker.db.driver import Driver, RecordedOutcome
+from worker.db.driver import RecordedOutcome
 from worker.db.embedded import database_url
 from worker.db.url import psycopg_url
 from worker.models import ClaimedJob, StageStatus
@@ -156,18 +156,16 @@ class _DrainWorker(Worker):
 
     async def crash(self, job: ClaimedJob) -> None:
         """Lose this attempt and every job the worker holds, as a kill would; never returns."""
-        if self.crashed is not None:
-            return
-        self.crashed = job.id
-        driver: Driver = self.driver
-        # Gone from `worker.workers`, the worker claims nothing more, and the rescue takes back
-        # each job it holds as it would a dead worker's: pending, the attempt counted.
-        await driver.deregister_worker(self.id)
-        await driver.rescue(self.settings.lease_seconds, lambda: True)
-        self.ran.pop(job.id, None)
-        self.ran[job.id] = None
-        self.crash_done.set()
-        self.request_stop()
+        if self.crashed is None:
+            self.crashed = job.id
+            # Gone from `worker.workers`, the worker claims nothing more, and the rescue takes
+            # back each job it holds as it would a dead worker's: pending, the attempt counted.
+            await self.driver.deregister_worker(self.id)
+            await self.driver.rescue(self.settings.lease_seconds, lambda: True)
+            self.ran.pop(job.id, None)
+            self.ran[job.id] = None
+            self.crash_done.set()
+            self.request_stop()
         await asyncio.Event().wait()  # the stop cancels the attempt here: it writes no more
 
 
@@ -190,6 +188,8 @@ async def drain_ids(
     update: dict[str, Any] = {"shutdown_grace": 0.0}
     if queues is not None:
         update["queues"] = list(queues)
+        if not update["queues"]:
+            raise ValueError("drain(queues=...) must name at least one queue")
     if crash_after is not None:
         check_crash_point(crash_after, REGISTRY)
         update["concurrency"] = 1  # the crash then loses that job's attempt alone
