@@ -237,7 +237,7 @@ def test_a_users_suite_gets_a_fresh_database_per_test_and_drains_with_no_conftes
     result.assert_outcomes(passed=3)
     # Every database the run made is gone with it, its template too.
     with psycopg.connect(pg_server, autocommit=True) as conn:
-        left = conn.execute("SELECT datname FROM pg_database WHERE datname LIKE 'dw_%'")
+        left = conn.execute("SELECT datname FROM pg_database WHERE datname LIKE 'dw\\_%'")
         assert left.fetchall() == []
 
 
