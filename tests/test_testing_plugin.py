@@ -60,6 +60,14 @@ def plugin_tidy(ctx):
     ran.append("tidy")
 
 
+no_cleanup = Pipeline("plugin_no_cleanup")
+
+
+@no_cleanup.stage
+def plugin_only_stage(ctx):
+    return 1
+
+
 @pytest.fixture(autouse=True)
 def _forget_runs():
     ran.clear()
@@ -93,6 +101,14 @@ def test_drain_runs_every_due_job_and_returns_them_in_the_order_they_finished(
     assert client.get(later.job_id).status == JobStatus.PENDING  # not due: not waited for
     assert ran == ["add 1+2", "add 3+4"]
     assert jobs[0].refresh().status == JobStatus.COMPLETED  # the handles stay usable
+
+
+def test_drain_runs_only_the_queues_it_is_given(database_url):
+    client = Client(database_url)
+    other = client.enqueue("plugin_add", {"a": 5, "b": 5}, queue="other")
+    default = client.enqueue("plugin_add", {"a": 6, "b": 6})
+    assert [j.job_id for j in drain(url=database_url, queues=["other"])] == [other.job_id]
+    assert client.get(default.job_id).status == JobStatus.PENDING
 
 
 def test_drain_returns_at_once_when_nothing_is_due(database_url):
@@ -167,6 +183,8 @@ def test_crash_after_a_stage_no_job_reached_says_so(database_url):
 def test_crash_after_refuses_a_stage_it_cannot_crash_after(database_url):
     with pytest.raises(ValueError, match="no registered pipeline has a stage of that name"):
         drain(url=database_url, crash_after="no_such_stage")
+    with pytest.raises(ValueError, match="plugin_no_cleanup, which has no cleanup"):
+        drain(url=database_url, crash_after="plugin_only_stage")
 
 
 # -- the plugin, as a user's test suite sees it ---------------------------------------------
