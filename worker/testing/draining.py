@@ -35,6 +35,7 @@ from worker.client import AsyncClient, Client, Job, JobNotFound, default_client
 from worker.daemon.db import Patience
 from worker.daemon.stage_store import DaemonStageStore
 from worker.daemon.worker import Worker
+from worker.db import sql
 from worker.db.connect import aconnect
 from worker.db.driver import RecordedOutcome
 from worker.db.embedded import database_url
@@ -49,17 +50,6 @@ T = TypeVar("T")
 # How often the database is asked whether anything is left: often enough that a drain ends
 # soon after its last job, rarely enough to leave the worker the connections it needs.
 POLL_SECONDS = 0.02
-
-# Read-only, and only what a drain waits for: the due pending jobs of its queues (as a claim
-# would see them, bar pauses and limits) and the jobs its worker holds, claimed or running.
-LEFT_TO_RUN = """
-SELECT count(*) FILTER (WHERE status = 'pending') AS due,
-       count(*) FILTER (WHERE status = 'processing') AS held
-FROM worker.jobs
-WHERE queue = ANY(%(queues)s::text[])
-  AND ((status = 'pending' AND run_at <= now())
-       OR (status = 'processing' AND worker_id = %(worker_id)s))
-"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,7 +161,7 @@ class _DrainWorker(Worker):
 
 async def _left(conn: AsyncConnection[Any], queues: list[str], worker_id: UUID) -> Left:
     async with conn.cursor(row_factory=class_row(Left)) as cur:
-        await cur.execute(LEFT_TO_RUN, {"queues": queues, "worker_id": worker_id})
+        await cur.execute(sql.LEFT_TO_RUN, {"queues": queues, "worker_id": worker_id})
         row = await cur.fetchone()
     assert row is not None  # an aggregate always answers a row
     return row

@@ -151,3 +151,14 @@ SELECT count(*) FROM worker.jobs WHERE queue = %(queue)s AND status <> 'complete
 # Safe: only the bench's own queue, whose jobs no one else enqueues; stages and events go with
 # their jobs (ON DELETE CASCADE).
 DELETE_QUEUE = "DELETE FROM worker.jobs WHERE queue = %(queue)s"
+
+# Read-only, and only what `worker.testing.drain` waits for: the due pending jobs of its queues
+# (as a claim would see them, bar pauses and limits) and the jobs its worker holds.
+LEFT_TO_RUN = """
+SELECT count(*) FILTER (WHERE status = 'pending') AS due,
+       count(*) FILTER (WHERE status = 'processing') AS held
+FROM worker.jobs
+WHERE queue = ANY(%(queues)s::text[])
+  AND ((status = 'pending' AND run_at <= now())
+       OR (status = 'processing' AND worker_id = %(worker_id)s))
+"""
