@@ -135,10 +135,6 @@ class RetryRules:
         delay = None if self.backoff is None else self.backoff.delay(retries)
         return Outcome(OutcomeKind.RETRY, error=error, delay=delay)
 
-    def gives_up_on(self, exc: BaseException) -> bool:
-        """Whether `exc` fails the job at once, with no retry."""
-        return bool(self.give_up_on) and isinstance(exc, self.give_up_on)
-
 
 DEFAULT_RULES = RetryRules()
 
