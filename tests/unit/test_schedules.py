@@ -180,7 +180,10 @@ def test_a_tick_missed_in_an_outage_is_fired_once_the_database_is_back() -> None
         await asyncio.sleep(0.3)
         during = len(driver.jobs)
         driver.unreachable = False
-        await asyncio.sleep(0.5)
+        for _ in range(100):  # its backoff, grown in the outage, sets when it tries again
+            if len(driver.jobs) > during:
+                break
+            await asyncio.sleep(0.05)
         assert not scheduler.done()  # the outage did not end it
         scheduler.cancel()
         return during
@@ -212,7 +215,10 @@ def test_a_worker_with_a_periodic_task_enqueues_and_runs_its_jobs(
 
     asyncio.run(main())
     assert len(ran) >= 3 and all(payload == {} for payload in ran)
-    assert {job.status for job in driver.jobs.values()} == {JobStatus.COMPLETED}
+    statuses = [job.status for job in driver.jobs.values()]
+    # A tick fired as the worker stops may be handed back, pending; none failed.
+    assert statuses.count(JobStatus.COMPLETED) == len(ran)
+    assert set(statuses) <= {JobStatus.COMPLETED, JobStatus.PENDING}
 
 
 def test_a_refused_firing_is_logged_and_the_worker_goes_on(
