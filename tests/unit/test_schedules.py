@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import doctest
+import itertools
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -17,6 +18,7 @@ import pytest
 from worker import schedules
 from worker.daemon import Worker
 from worker.daemon.plugins import Scheduler
+from worker.daemon.plugins.scheduler import LATE_TICKS
 from worker.db.memory import MemoryDriver
 from worker.events import MemoryBus
 from worker.models import JobStatus
@@ -159,6 +161,25 @@ def test_after_a_downtime_one_job_stands_for_every_missed_tick() -> None:
 
     assert len(asyncio.run(main())) == 1
     assert len(driver.jobs) == 1 and driver.schedules == {"t every 1s": at(3600)}
+
+
+def test_a_running_worker_that_wakes_a_few_ticks_late_fires_each_but_a_stall_only_the_latest():
+    driver, clock = MemoryDriver(), Clock(at(10.5))
+    every = Schedule("t", every=1_000_000)
+    scheduler = Scheduler(driver, [every], clock)
+
+    async def main() -> list[int]:
+        counts = [len(await scheduler.fire_due())]  # first sight at 10: no job
+        clock.now = at(13.2)  # woke three ticks late
+        counts.append(len(await scheduler.fire_due()))
+        clock.now = at(13.2 + LATE_TICKS + 5)  # a stall of more than LATE_TICKS ticks
+        counts.append(len(await scheduler.fire_due()))
+        return counts
+
+    assert asyncio.run(main()) == [0, 3, 1]
+    due = sorted(job.run_at for job in driver.jobs.values())
+    # Each tick once, a second apart (the memory driver keeps due times on its own clock).
+    assert [b - a for a, b in itertools.pairwise(due[:3])] == pytest.approx([1.0, 1.0], abs=1e-3)
 
 
 def test_the_scheduler_sleeps_until_the_next_tick() -> None:

@@ -1,15 +1,16 @@
 """The scheduler: a periodic task's job enqueued at each tick, once however many workers run.
 
 Every worker with periodic tasks runs one. It sleeps until the soonest tick of its schedules
-(it does not poll), then fires, for each schedule, the latest tick due through the driver's
-`fire_tick`: the database takes each tick once, so the workers all firing it enqueue one job
-(see `worker.db.sql.schedules`). At start, the latest tick due is fired as well: after a
-downtime that is one catch-up job for the latest missed tick, whatever number were missed,
-and for a schedule the database has never seen, none (it fires from its next tick on).
+(it does not poll), then fires, for each schedule, each tick due since the last one it fired
+(several, when it woke a few ticks late), through the driver's `fire_tick`: the database
+takes each tick once, so the workers all firing it enqueue one job (see
+`worker.db.sql.schedules`). At start, the latest tick due is fired: after a downtime that is
+one catch-up job for the latest missed tick, whatever number were missed, and for a schedule
+the database has never seen, none (it fires from its next tick on).
 
-What this does not do: it does not make up ticks missed while no worker ran or the database
-was unreachable (one job stands for them all), nor run the jobs it enqueues; they are claimed
-like any other.
+What this does not do: it does not make up ticks missed while no worker ran, nor more than
+`LATE_TICKS` missed by a running worker (a stall, a long outage): one job stands for them
+all. It does not run the jobs it enqueues; they are claimed like any other.
 """
 
 from __future__ import annotations
@@ -31,6 +32,9 @@ log = logging.getLogger("worker.daemon")
 
 _FAILURES = (psycopg.Error, *TRANSIENT)
 REFUSED_RETRY = 60.0  # seconds before a refused firing is tried again: an operator must act
+# A running worker that wakes this many ticks late or fewer fires each; more is a stall, and
+# the latest tick stands for them all, as after a downtime.
+LATE_TICKS = 10
 
 
 def _now() -> datetime:
@@ -60,19 +64,17 @@ class Scheduler:
         now, fired = self._clock(), []
         failed: Exception | None = None
         for schedule in self._schedules:
-            tick = schedule.latest_at_or_before(now)
-            taken = self._taken.get(schedule.key)
-            if taken is not None and tick <= taken:
-                continue
-            try:
-                job_id = await self._driver.fire_tick(
-                    schedule.key, schedule.task, schedule.spec, tick
-                )
-            except _FAILURES as exc:  # the other schedules still fire; this one next time
-                failed = exc
-                continue
-            self._taken[schedule.key] = tick
-            if job_id is not None:
+            for tick in self._due(schedule, now):
+                try:
+                    job_id = await self._driver.fire_tick(
+                        schedule.key, schedule.task, schedule.spec, tick
+                    )
+                except _FAILURES as exc:  # the other schedules still fire; this one next time
+                    failed = exc
+                    break
+                self._taken[schedule.key] = tick
+                if job_id is None:
+                    continue
                 fired.append(job_id)
                 log.info(
                     "scheduled job %s (%s) enqueued for %s",
@@ -90,6 +92,21 @@ class Scheduler:
         if failed is not None:
             raise failed
         return fired
+
+    def _due(self, schedule: Schedule, now: datetime) -> list[datetime]:
+        """The ticks to fire now, oldest first: every tick since the last one fired from here
+        (a wake-up that came late), or, at start or past `LATE_TICKS` of them (a downtime, a
+        stall), the latest alone."""
+        latest = schedule.latest_at_or_before(now)
+        taken = self._taken.get(schedule.key)
+        if taken is None:
+            return [latest]
+        ticks: list[datetime] = []
+        tick = schedule.next_after(taken)
+        while tick <= latest and len(ticks) <= LATE_TICKS:
+            ticks.append(tick)
+            tick = schedule.next_after(tick)
+        return ticks if len(ticks) <= LATE_TICKS else [latest]
 
     def seconds_to_next_tick(self) -> float:
         """How long until the soonest tick of any schedule."""
