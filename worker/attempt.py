@@ -36,6 +36,7 @@ class Executable(Protocol):
     name: str
     timeout: float | None
     retries: RetryRules  # what a failure leads to (`worker.retries`)
+    concurrency: int | None  # jobs sharing a concurrency key that may run at once
 
     async def execute(self, ctx: Context) -> Outcome: ...
 

@@ -72,6 +72,7 @@ class _Noop:
     name = TASK_NAME
     timeout: float | None = None
     retries = DEFAULT_RULES
+    concurrency: int | None = None
 
     def __init__(self) -> None:
         self.started: dict[int, float] = {}

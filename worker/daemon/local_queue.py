@@ -105,9 +105,7 @@ def claim_spec(
         if isinstance(entry, Pipeline) and entry.main_stages
     ]
     per_key = {
-        name: concurrency
-        for name, entry in registry.items()
-        if (concurrency := getattr(entry, "concurrency", None)) is not None
+        name: entry.concurrency for name, entry in registry.items() if entry.concurrency is not None
     }
     limits = {
         name: entry.retries.max_retries

@@ -95,6 +95,7 @@ class Pipeline:
         self.timeout = timeout
         # As a task's (`worker.retries`): a stage that fails retries the job from that stage.
         self.retries = rules(max_retries, backoff, give_up_on)
+        self.concurrency: int | None = None  # a pipeline's jobs share no concurrency key
         self.stages: list[Stage] = []
         self.result = result
         register(self)

@@ -54,6 +54,11 @@ ORDER BY next.priority DESC, next.run_at
 """
 
 
+# A job that only settles: its cancel was requested, or an attempt failed it for good before
+# its cleanups ran. No pause, limit or concurrency key holds it back.
+_SETTLES = "(j.cancel_requested OR j.final_error IS NOT NULL)"
+
+
 def _due(queue: str, budget: str) -> str:
     """The due pending jobs of one queue in claim order (priority, then due time), locked: at
     most `budget` of them (what `worker.queue_budget` allows), none whose concurrency key is
@@ -84,8 +89,7 @@ def _due(queue: str, budget: str) -> str:
         WHERE j.status = 'pending' AND j.queue = {queue} AND j.priority = level.priority
           AND j.run_at <= now() AND j.id <> ALL(%(running)s::uuid[])
           AND EXISTS (SELECT FROM lease)
-          AND CASE WHEN j.concurrency_key IS NULL OR j.cancel_requested
-                        OR j.final_error IS NOT NULL THEN true
+          AND CASE WHEN j.concurrency_key IS NULL OR {_SETTLES} THEN true
                    ELSE worker.concurrency_key_free(j.concurrency_key, coalesce(
                        (SELECT m.n FROM unnest(%(key_tasks)s::text[], %(key_limits)s::int[])
                             AS m(task, n) WHERE m.task = j.task), 1)) END
@@ -98,7 +102,7 @@ def _due(queue: str, budget: str) -> str:
     SELECT s.* FROM (
         SELECT id, priority, run_at, error FROM worker.jobs AS j
         WHERE {budget} = 0 AND j.status = 'pending' AND j.queue = {queue}
-          AND (j.cancel_requested OR j.final_error IS NOT NULL)
+          AND {_SETTLES}
           AND j.run_at <= now() AND j.id <> ALL(%(running)s::uuid[])
           AND EXISTS (SELECT FROM lease)
         LIMIT %(limit)s
