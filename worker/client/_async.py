@@ -15,6 +15,9 @@ from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
 
+import psycopg
+from psycopg.rows import tuple_row
+
 from worker.client.errors import InvalidTransition, JobNotFound
 from worker.client.job import Job, cancel_result, job_from_row, new_job, retry_refused
 from worker.client.queues import QueueState, limit_params, queue_name
@@ -53,8 +56,8 @@ class AsyncClient:
     """The asyncio client: enqueue jobs, read them, cancel, resume, retry and prune them.
 
     `connection=` joins the caller's transaction (a SQLAlchemy `AsyncConnection` or
-    `AsyncSession`, on the psycopg or asyncpg driver): the job then exists if and only if
-    that transaction commits, and no worker sees it before.
+    `AsyncSession`, on the psycopg or asyncpg driver, or a psycopg `AsyncConnection`): the
+    job then exists if and only if that transaction commits, and no worker sees it before.
 
     >>> client = AsyncClient()                                          # doctest: +SKIP
     >>> async with engine.begin() as conn:                              # doctest: +SKIP
@@ -98,9 +101,13 @@ class AsyncClient:
         if isinstance(connection, AsyncSession | AsyncConnection):
             result = await connection.execute(portable(statement), params)
             return rows(result, returning)
-        raise TypeError(
-            f"connection= takes a SQLAlchemy {ASYNC_TAKES}, not {type(connection).__name__}"
-        )
+        if isinstance(connection, psycopg.AsyncConnection):
+            # Tuples whatever the caller's row factory; no commit: the caller's transaction
+            # (or its autocommit) decides when the job exists.
+            async with connection.cursor(row_factory=tuple_row) as cur:
+                await cur.execute(statement, params)
+                return await cur.fetchall() if returning else []
+        raise TypeError(f"connection= takes a {ASYNC_TAKES}, not {type(connection).__name__}")
 
     async def enqueue(
         self,

@@ -12,6 +12,9 @@ from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
 
+import psycopg
+from psycopg.rows import tuple_row
+
 from worker.client.errors import InvalidTransition, JobNotFound
 from worker.client.job import Job, cancel_result, job_from_row, new_job, retry_refused
 from worker.client.queues import QueueState, limit_params, queue_name
@@ -50,8 +53,8 @@ class Client:
     """The blocking client: enqueue jobs, read them, cancel, resume, retry and prune them.
 
     `connection=` joins the caller's transaction (a SQLAlchemy `Connection` or
-    `Session`, on the psycopg or asyncpg driver): the job then exists if and only if
-    that transaction commits, and no worker sees it before.
+    `Session`, on the psycopg or asyncpg driver, or a psycopg `Connection`): the
+    job then exists if and only if that transaction commits, and no worker sees it before.
 
     >>> client = Client()                                          # doctest: +SKIP
     >>> with engine.begin() as conn:                              # doctest: +SKIP
@@ -95,9 +98,13 @@ class Client:
         if isinstance(connection, Session | Connection):
             result = connection.execute(portable(statement), params)
             return rows(result, returning)
-        raise TypeError(
-            f"connection= takes a SQLAlchemy {SYNC_TAKES}, not {type(connection).__name__}"
-        )
+        if isinstance(connection, psycopg.Connection):
+            # Tuples whatever the caller's row factory; no commit: the caller's transaction
+            # (or its autocommit) decides when the job exists.
+            with connection.cursor(row_factory=tuple_row) as cur:
+                cur.execute(statement, params)
+                return cur.fetchall() if returning else []
+        raise TypeError(f"connection= takes a {SYNC_TAKES}, not {type(connection).__name__}")
 
     def enqueue(
         self,

@@ -1,9 +1,10 @@
 """What `connection=` takes, and our statements in a form a caller's connection runs.
 
 A transactional enqueue runs on the caller's own SQLAlchemy connection or session, on the
-psycopg or asyncpg driver: `portable` rewrites a `%(name)s` statement for it. The blocking
-and asyncio clients import their SQLAlchemy types from here, under the names the generated
-blocking client expects. Nothing here opens a connection.
+psycopg or asyncpg driver (`portable` rewrites a `%(name)s` statement for it), or on a plain
+psycopg connection, such as Django's (`connection.connection`), which runs our statements as
+they are. The blocking and asyncio clients import their SQLAlchemy types from here, under the
+names the generated blocking client expects. Nothing here opens a connection.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import re
 from functools import lru_cache
 from typing import Any
 
+import psycopg
 from sqlalchemy import Connection, Engine, Result, TextClause, text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 from sqlalchemy.orm import Session
@@ -31,12 +33,17 @@ __all__ = [
     "rows",
 ]
 
-SyncTarget = Connection | Session | None
-AsyncTarget = AsyncConnection | AsyncSession | None
+SyncTarget = Connection | Session | psycopg.Connection[Any] | None
+AsyncTarget = AsyncConnection | AsyncSession | psycopg.AsyncConnection[Any] | None
 
 # What each client's `connection=` takes, for the error that names a wrong one.
-SYNC_TAKES = "Connection or Session (AsyncClient takes the async ones)"
-ASYNC_TAKES = "AsyncConnection or AsyncSession (Client takes the blocking ones)"
+SYNC_TAKES = (
+    "SQLAlchemy Connection or Session, or a psycopg Connection (AsyncClient takes the async ones)"
+)
+ASYNC_TAKES = (
+    "SQLAlchemy AsyncConnection or AsyncSession, or a psycopg AsyncConnection "
+    "(Client takes the blocking ones)"
+)
 
 
 @lru_cache(maxsize=8)
