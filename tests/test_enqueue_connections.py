@@ -88,6 +88,7 @@ def test_enqueue_sent_again_after_a_commit_in_doubt_does_not_write_a_second_job(
         "max_retries": None,
         "unique_key": None,
         "concurrency_key": None,
+        "trace_context": None,
     }
     (first,) = query(database_url, sql.ENQUEUE, params)
     (again,) = query(database_url, sql.ENQUEUE_AGAIN, params)
@@ -100,7 +101,7 @@ def test_enqueue_many_sent_again_after_a_commit_in_doubt_does_not_write_the_batc
 ):
     ids = [str(uuid.uuid4()) for _ in range(3)]
     rows = [{"i": i, "t": "add", "p": {"a": 1}, "q": "default", "pr": 0, "d": 0.0} for i in ids]
-    params = {"jobs": json.dumps(rows)}
+    params = {"jobs": json.dumps(rows), "trace_context": None}
     query(database_url, sql.ENQUEUE_MANY, params)
     query(database_url, sql.ENQUEUE_MANY_AGAIN, params)
     assert stored_ids(database_url) == sorted(ids)

@@ -103,7 +103,7 @@ class JobLifecycle(RuleBasedStateMachine):
             }
             for i in ids
         ]
-        self.run(sql.ENQUEUE_MANY, jobs=json.dumps(rows))
+        self.run(sql.ENQUEUE_MANY, jobs=json.dumps(rows), trace_context=None)
         self.enqueued.extend(ids)
 
     # Both forms of the claim: a worker of one queue, and one of several.

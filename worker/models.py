@@ -127,6 +127,8 @@ class ClaimedJob:
     last_error: str | None
     # An earlier claim of this attempt failed for good, then was lost in its cleanups.
     final_error: str | None
+    # The trace the job was enqueued in, as `worker.tracing` stores it (None: none).
+    trace_context: dict[str, str] | None = None
     # The claim recorded the first stage of this pipeline job as running: its first run, so
     # it has no other stage rows (see `sql.CLAIM`).
     first_stage_started: bool = False

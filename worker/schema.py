@@ -67,6 +67,8 @@ jobs = Table(
     Column("unique_key", Text, nullable=True),
     # Jobs sharing a key run at most their task's `concurrency` at once (migration 0008).
     Column("concurrency_key", Text, nullable=True),
+    # The trace the job was enqueued in, for its attempts to continue (migration 0009).
+    Column("trace_context", JSONB, nullable=True),
     CheckConstraint(f"status IN ({_status_list})", name="jobs_status_valid"),
     CheckConstraint(
         f"char_length(task) BETWEEN 1 AND {MAX_TASK_NAME}", name="jobs_task_name_length"

@@ -18,6 +18,7 @@ from uuid import UUID
 import psycopg
 from psycopg.rows import tuple_row
 
+from worker import tracing
 from worker.client.errors import InvalidTransition, JobNotFound
 from worker.client.job import Job, cancel_result, job_from_row, new_job, retry_refused
 from worker.client.queues import QueueState, limit_params, queue_name
@@ -29,6 +30,8 @@ from worker.client.targets import (
     AsyncTarget,
     portable,
     rows,
+    traced,
+    traced_rows,
 )
 from worker.client.validation import (
     UNIQUE_TRIES,
@@ -146,6 +149,7 @@ class AsyncClient:
         )
         params = validated(spec, self.max_payload_bytes)
         params["id"] = new_job_id()
+        params["trace_context"] = tracing.carrier()
         if unique_key is None:
             inserted = await self._insert(sql.ENQUEUE, sql.ENQUEUE_AGAIN, params, connection, True)
             ((id_, due),) = inserted
@@ -174,8 +178,9 @@ class AsyncClient:
         batch = prepared_many(jobs, self.max_payload_bytes)
         if not batch.specs:
             return []
+        trace = tracing.carrier()
         if batch.unique:
-            found = await self._insert_unique(batch.sent(), connection)
+            found = await self._insert_unique(batch.sent(), connection, trace)
             # A job sharing its key with an earlier one of the batch gets that one's job.
             held = [found[batch.ids[batch.same_as.get(i, i)]] for i in range(len(batch.ids))]
             return [
@@ -184,23 +189,27 @@ class AsyncClient:
             ]
         copy_rows = batch.copy_rows() if connection is None else None
         if copy_rows is not None:
+            copy = sql.ENQUEUE_MANY_COPY
+            if trace is not None:
+                copy, copy_rows = sql.ENQUEUE_MANY_COPY_TRACED, traced_rows(copy_rows, trace)
             await self._direct.copy(
-                sql.ENQUEUE_MANY_COPY, copy_rows, sql.ENQUEUE_MANY_AGAIN, batch.params
+                copy, copy_rows, sql.ENQUEUE_MANY_AGAIN, lambda: traced(batch.params(), trace)
             )
         else:
-            await self._insert(
-                sql.ENQUEUE_MANY, sql.ENQUEUE_MANY_AGAIN, batch.params(), connection, False
-            )
+            params = traced(batch.params(), trace)
+            await self._insert(sql.ENQUEUE_MANY, sql.ENQUEUE_MANY_AGAIN, params, connection, False)
         return [new_job(i, s, self) for i, s in zip(batch.ids, batch.specs, strict=True)]
 
-    async def _insert_unique(self, batch: Batch, connection: AsyncTarget) -> dict[str, str]:
+    async def _insert_unique(
+        self, batch: Batch, connection: AsyncTarget, trace: str | None
+    ) -> dict[str, str]:
         """Each job's id in the database, by the id it was sent with: its own, or that of the
         live job holding its unique key."""
         found: dict[str, str] = {}
         for _ in range(UNIQUE_TRIES):
-            rows_ = await self._insert(
-                sql.ENQUEUE_MANY_UNIQUE, sql.ENQUEUE_MANY_UNIQUE, batch.params(), connection, True
-            )
+            params = traced(batch.params(), trace)
+            statement = sql.ENQUEUE_MANY_UNIQUE  # safe to run again, as it is
+            rows_ = await self._insert(statement, statement, params, connection, True)
             found.update({str(asked): str(id_) for asked, id_ in rows_ if id_ is not None})
             batch = batch.without(found)
             if not batch.ids:

@@ -15,6 +15,7 @@ from uuid import UUID
 import psycopg
 from psycopg.rows import tuple_row
 
+from worker import tracing
 from worker.client.errors import InvalidTransition, JobNotFound
 from worker.client.job import Job, cancel_result, job_from_row, new_job, retry_refused
 from worker.client.queues import QueueState, limit_params, queue_name
@@ -26,6 +27,8 @@ from worker.client.targets import (
     SyncTarget,
     portable,
     rows,
+    traced,
+    traced_rows,
 )
 from worker.client.validation import (
     UNIQUE_TRIES,
@@ -143,6 +146,7 @@ class Client:
         )
         params = validated(spec, self.max_payload_bytes)
         params["id"] = new_job_id()
+        params["trace_context"] = tracing.carrier()
         if unique_key is None:
             inserted = self._insert(sql.ENQUEUE, sql.ENQUEUE_AGAIN, params, connection, True)
             ((id_, due),) = inserted
@@ -171,8 +175,9 @@ class Client:
         batch = prepared_many(jobs, self.max_payload_bytes)
         if not batch.specs:
             return []
+        trace = tracing.carrier()
         if batch.unique:
-            found = self._insert_unique(batch.sent(), connection)
+            found = self._insert_unique(batch.sent(), connection, trace)
             # A job sharing its key with an earlier one of the batch gets that one's job.
             held = [found[batch.ids[batch.same_as.get(i, i)]] for i in range(len(batch.ids))]
             return [
@@ -181,23 +186,27 @@ class Client:
             ]
         copy_rows = batch.copy_rows() if connection is None else None
         if copy_rows is not None:
+            copy = sql.ENQUEUE_MANY_COPY
+            if trace is not None:
+                copy, copy_rows = sql.ENQUEUE_MANY_COPY_TRACED, traced_rows(copy_rows, trace)
             self._direct.copy(
-                sql.ENQUEUE_MANY_COPY, copy_rows, sql.ENQUEUE_MANY_AGAIN, batch.params
+                copy, copy_rows, sql.ENQUEUE_MANY_AGAIN, lambda: traced(batch.params(), trace)
             )
         else:
-            self._insert(
-                sql.ENQUEUE_MANY, sql.ENQUEUE_MANY_AGAIN, batch.params(), connection, False
-            )
+            params = traced(batch.params(), trace)
+            self._insert(sql.ENQUEUE_MANY, sql.ENQUEUE_MANY_AGAIN, params, connection, False)
         return [new_job(i, s, self) for i, s in zip(batch.ids, batch.specs, strict=True)]
 
-    def _insert_unique(self, batch: Batch, connection: SyncTarget) -> dict[str, str]:
+    def _insert_unique(
+        self, batch: Batch, connection: SyncTarget, trace: str | None
+    ) -> dict[str, str]:
         """Each job's id in the database, by the id it was sent with: its own, or that of the
         live job holding its unique key."""
         found: dict[str, str] = {}
         for _ in range(UNIQUE_TRIES):
-            rows_ = self._insert(
-                sql.ENQUEUE_MANY_UNIQUE, sql.ENQUEUE_MANY_UNIQUE, batch.params(), connection, True
-            )
+            params = traced(batch.params(), trace)
+            statement = sql.ENQUEUE_MANY_UNIQUE  # safe to run again, as it is
+            rows_ = self._insert(statement, statement, params, connection, True)
             found.update({str(asked): str(id_) for asked, id_ in rows_ if id_ is not None})
             batch = batch.without(found)
             if not batch.ids:

@@ -31,6 +31,8 @@ __all__ = [
     "SyncTarget",
     "portable",
     "rows",
+    "traced",
+    "traced_rows",
 ]
 
 SyncTarget = Connection | Session | psycopg.Connection[Any] | None
@@ -57,3 +59,15 @@ def portable(statement: str) -> TextClause:
 def rows(result: Result[Any], returning: bool) -> list[Any]:
     """The rows of a statement run on a caller's connection (none unless it returns some)."""
     return list(result.all()) if returning else []
+
+
+def traced(params: dict[str, Any], trace: str | None) -> dict[str, Any]:
+    """A batch's parameters with the trace context it was enqueued in (`worker.tracing`)."""
+    params["trace_context"] = trace
+    return params
+
+
+def traced_rows(copy_rows: str, trace: str) -> str:
+    """COPY rows with the trace context as their last column (escaped as COPY text is: JSON
+    text holds no tab or newline, only escapes of them)."""
+    return copy_rows.replace("\n", "\t" + trace.replace("\\", "\\\\") + "\n")

@@ -31,6 +31,7 @@ from worker.models import ClaimedJob, Outcome, OutcomeKind, StageEnd, StageStatu
 from worker.settings import Settings
 from worker.stages import Pipeline
 from worker.tasks import Context, JobCancelled, PauseForResolution, Snooze
+from worker.tracing import attempt_span, ended
 
 log = logging.getLogger("worker.daemon")
 job_log = logging.getLogger("worker.jobs")
@@ -86,7 +87,9 @@ class Executor:
                 if done and key in self.stuck:
                     loop.call_soon_threadsafe(self._thread_done, key)
 
-        return await loop.run_in_executor(self._pool, tracked)
+        # In the caller's context, as `asyncio.to_thread` runs it: spans the code starts are
+        # children of its stage's or attempt's span (`worker.tracing`).
+        return await loop.run_in_executor(self._pool, contextvars.copy_context().run, tracked)
 
     def _thread_done(self, key: str) -> None:
         self.stuck.discard(key)
@@ -122,7 +125,10 @@ class Executor:
         began = time.monotonic()
         _running_job.set(job.id)
         try:
-            outcome = await self._outcome(job, cancel)
+            # The attempt's span continues the trace the job was enqueued in (`worker.tracing`).
+            with attempt_span(job) as span:
+                outcome = await self._outcome(job, cancel)
+                ended(span, job, outcome)
         except asyncio.CancelledError:
             return  # shutting down: the job is handed back by the worker's shutdown
         finally:

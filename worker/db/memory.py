@@ -295,7 +295,7 @@ class MemoryDriver:
                     job.answer,
                     last_error,
                     job.final_error,
-                    starts,
+                    first_stage_started=starts,
                 )
             )
         return claimed

@@ -20,6 +20,7 @@ from worker.encoding import NotStorable
 from worker.models import JSON, EventStatus, OutcomeKind, StageStatus
 from worker.retries import DEFAULT_RULES, RetryRules
 from worker.tasks import Context, JobCancelled, PauseForResolution, Snooze
+from worker.tracing import stage_span
 
 if TYPE_CHECKING:
     from worker.stages.stage import Stage
@@ -29,8 +30,18 @@ class StageDeadlineExceeded(Exception):
     """A stage ran (or kept snoozing) past its own deadline; the job fails without a retry."""
 
 
+# How a stage stops that is no failure of it: its span ends without an error.
+_NOT_FAILURES = (JobCancelled, PauseForResolution, Snooze)
+
+
 async def invoke(ctx: Context, stage: Stage, age: float) -> Any:
-    """Run one stage within what is left of its deadline (`age`: seconds since it first ran)."""
+    """Run one stage within what is left of its deadline (`age`: seconds since it first ran),
+    in a span of its own (`worker.tracing`)."""
+    with stage_span(ctx.job, stage.name, _NOT_FAILURES):
+        return await _within_deadline(ctx, stage, age)
+
+
+async def _within_deadline(ctx: Context, stage: Stage, age: float) -> Any:
     if stage.deadline is None:
         return await call(ctx, stage.fn, stage.is_async, ctx)
     left = stage.deadline - age

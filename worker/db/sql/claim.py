@@ -25,7 +25,8 @@ _CLAIMED = """), claimed AS (
                        (SELECT m.n FROM unnest(%(retry_tasks)s::text[], %(retry_limits)s::int[])
                             AS m(task, n) WHERE m.task = j.task),
                        %(default_max_retries)s) AS max_retries,
-              j.cancel_requested, j.answer, next.error AS last_error, j.final_error
+              j.cancel_requested, j.answer, next.error AS last_error, j.final_error,
+              j.trace_context
 ), first_stage AS (
     -- A pipeline job with no stage row yet starts its first stage with the claim: one commit
     -- less per job. Jobs that will not run (as `settled_before_start`) get no row. Only the

@@ -14,12 +14,13 @@ KEY_HELD = f"""EXISTS (
 # client makes the id (time-ordered, like the column default), so a retry can be idempotent.
 _INSERT_ONE = """
 INSERT INTO worker.jobs (id, task, payload, queue, priority, run_at, max_retries, unique_key,
-                         concurrency_key)
+                         concurrency_key, trace_context)
 VALUES (CAST(%(id)s AS uuid), %(task)s, CAST(%(payload)s AS jsonb), %(queue)s,
         CAST(%(priority)s AS smallint),
         coalesce(CAST(%(run_at)s AS timestamptz),
                  now() + make_interval(secs => CAST(%(delay)s AS float8))),
-        CAST(%(max_retries)s AS integer), %(unique_key)s, %(concurrency_key)s)
+        CAST(%(max_retries)s AS integer), %(unique_key)s, %(concurrency_key)s,
+        CAST(%(trace_context)s AS jsonb))
 """
 
 ENQUEUE = _INSERT_ONE + "RETURNING id, run_at\n"
@@ -67,8 +68,9 @@ _ROWS = """json_to_recordset(CAST(%(jobs)s AS json))
          u text, ck text)"""
 _INSERT_MANY = f"""
 INSERT INTO worker.jobs (id, task, payload, queue, priority, run_at, max_retries, unique_key,
-                         concurrency_key)
-SELECT i, t, CAST(p AS jsonb), q, pr, coalesce(ra, now() + make_interval(secs => d)), mr, u, ck
+                         concurrency_key, trace_context)
+SELECT i, t, CAST(p AS jsonb), q, pr, coalesce(ra, now() + make_interval(secs => d)), mr, u, ck,
+       CAST(%(trace_context)s AS jsonb)
 FROM {_ROWS}
 """
 ENQUEUE_MANY = _INSERT_MANY
@@ -92,6 +94,11 @@ FROM {_ROWS}
 # and run_at now() from the server's clock. Rows are tab-separated text (`Batch.copy_rows`).
 # Like an INSERT, it fires the statement trigger: one NOTIFY per queue, at commit.
 ENQUEUE_MANY_COPY = "COPY worker.jobs (id, task, payload, queue, priority, max_retries) FROM STDIN"
+# The same, for a batch enqueued inside a trace: each row ends with the trace context
+# (`worker.tracing`), the same for the whole batch.
+ENQUEUE_MANY_COPY_TRACED = (
+    "COPY worker.jobs (id, task, payload, queue, priority, max_retries, trace_context) FROM STDIN"
+)
 
 # ENQUEUE_MANY (or its COPY) again after the connection died with the outcome unknown: the batch
 # is one statement, so it committed whole or not at all; the ids make the second try a no-op if

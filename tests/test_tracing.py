@@ -1,0 +1,252 @@
+"""OpenTelemetry: a job enqueued inside a span runs as one trace, from that span to the attempt's
+span to each stage's, whichever enqueue path wrote it; without OpenTelemetry nothing changes.
+
+The worker runs in this process (`drain`), so its spans reach the same in-memory exporter as
+the test's own; one test runs a real `worker run` process exporting to a file.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from opentelemetry import trace
+from opentelemetry.trace import StatusCode
+from support import Processes, query, wait_for
+from support.tracing import by_name, parent_of, span_exporter
+
+from worker import Client, JobSpec, Pipeline, task
+from worker.testing import drain
+
+order = Pipeline("traced_order")
+
+
+@order.stage
+def traced_reserve(ctx: Any) -> dict[str, int]:
+    return {"reserved": 1}
+
+
+@order.stage
+def traced_charge(ctx: Any) -> str:
+    if ctx.payload.get("fail"):
+        raise ValueError("card declined")
+    return "charged"
+
+
+@order.cleanup
+def traced_tidy(ctx: Any) -> None:
+    return None
+
+
+@task(name="traced_plain")
+def traced_plain(payload: dict[str, Any]) -> int:
+    # A span the task makes itself is a child of the attempt's.
+    with trace.get_tracer("tests").start_as_current_span("inside the task"):
+        return 1
+
+
+@pytest.fixture
+def spans():
+    exporter = span_exporter()
+    exporter.clear()
+    yield exporter
+    exporter.clear()
+
+
+def stored_trace(url: str, job_id: str) -> Any:
+    return query(url, "SELECT trace_context FROM worker.jobs WHERE id = %s", (job_id,))[0][0]
+
+
+def test_job_enqueued_in_a_span_runs_as_one_trace_from_that_span_to_each_stage(database_url, spans):
+    client = Client(database_url)
+    with trace.get_tracer("tests").start_as_current_span("POST /orders") as request:
+        job = client.enqueue("traced_order", {"order": 7}, queue="default")
+    client.close()
+    assert stored_trace(database_url, job.job_id)["traceparent"].startswith("00-")
+
+    (done,) = drain(url=database_url)
+    assert done.status == "completed"
+    found = by_name(spans.get_finished_spans())
+    assert set(found) == {
+        "POST /orders",
+        "run traced_order",
+        "stage traced_reserve",
+        "stage traced_charge",
+        "stage traced_tidy",
+    }
+    assert {s.context.trace_id for s in found.values()} == {request.get_span_context().trace_id}
+    attempt = found["run traced_order"]
+    assert parent_of(attempt) == request.get_span_context().span_id
+    for stage in ("traced_reserve", "traced_charge", "traced_tidy"):
+        assert parent_of(found[f"stage {stage}"]) == attempt.context.span_id
+        assert found[f"stage {stage}"].attributes["worker.stage"] == stage
+    assert dict(attempt.attributes or {}) == {
+        "worker.job.id": job.job_id,
+        "worker.job.task": "traced_order",
+        "worker.job.queue": "default",
+        "worker.job.attempt": 1,
+        "worker.job.outcome": "completed",
+    }
+    assert attempt.kind == trace.SpanKind.CONSUMER
+
+
+def test_failing_stage_marks_its_span_and_the_attempt_as_errors(database_url, spans):
+    client = Client(database_url)
+    with trace.get_tracer("tests").start_as_current_span("request"):
+        client.enqueue("traced_order", {"fail": True}, max_retries=0)
+    client.close()
+    (done,) = drain(url=database_url)
+    assert done.status == "failed"
+    found = by_name(spans.get_finished_spans())
+    charge = found["stage traced_charge"]
+    assert charge.status.status_code == StatusCode.ERROR
+    assert charge.status.description == "ValueError: card declined"
+    assert [e.name for e in charge.events] == ["exception"]
+    assert found["stage traced_reserve"].status.status_code == StatusCode.UNSET
+    assert found["run traced_order"].status.status_code == StatusCode.ERROR
+    assert found["run traced_order"].attributes["worker.job.outcome"] == "failed"
+
+
+def test_every_enqueue_path_stores_the_trace_its_jobs_continue(database_url, spans):
+    client = Client(database_url)
+    with trace.get_tracer("tests").start_as_current_span("batch") as batch:
+        one = client.enqueue("traced_plain", {})
+        unique = client.enqueue("traced_plain", {}, unique_key="u")
+        copied = client.enqueue_many([("traced_plain", {}) for _ in range(2)])  # by COPY
+        # A due time COPY cannot write, then unique keys: the batch INSERTs.
+        inserted = client.enqueue_many([JobSpec("traced_plain", run_at=datetime.now(UTC))])
+        keyed = client.enqueue_many([JobSpec("traced_plain", unique_key="b1")])
+    client.close()
+    jobs = [one, unique, *copied, *inserted, *keyed]
+    trace_id = f"{batch.get_span_context().trace_id:032x}"
+    for job in jobs:
+        assert trace_id in stored_trace(database_url, job.job_id)["traceparent"]
+
+    drain(url=database_url)
+    finished = spans.get_finished_spans()
+    attempts = [s for s in finished if s.name == "run traced_plain"]
+    assert len(attempts) == len(jobs)
+    assert {parent_of(s) for s in attempts} == {batch.get_span_context().span_id}
+    inner = [s for s in finished if s.name == "inside the task"]
+    assert {parent_of(s) for s in inner} == {s.context.span_id for s in attempts}
+
+
+def test_job_enqueued_outside_any_span_starts_a_trace_of_its_own(database_url, spans):
+    client = Client(database_url)
+    job = client.enqueue("traced_plain", {})
+    client.close()
+    assert stored_trace(database_url, job.job_id) is None
+    drain(url=database_url)
+    (attempt,) = [s for s in spans.get_finished_spans() if s.name == "run traced_plain"]
+    assert attempt.parent is None
+
+
+def test_without_opentelemetry_nothing_is_imported_and_no_trace_is_stored(database_url):
+    """A process where `opentelemetry` cannot be imported enqueues and runs jobs as before."""
+    program = textwrap.dedent(
+        f"""
+        import sys
+        sys.modules["opentelemetry"] = None  # as if the otel extra were not installed
+        from worker import Client, task, tracing
+        from worker.testing import drain
+
+        @task(name="untraced")
+        def untraced(payload):
+            return 2
+
+        client = Client({database_url!r})
+        client.enqueue("untraced", {{}})
+        client.enqueue_many([("untraced", {{}})] * 2)
+        jobs = drain(url={database_url!r})
+        loaded = [m for m, v in sys.modules.items() if m.startswith("opentelemetry") and v]
+        print(tracing.ENABLED, [str(j.status) for j in jobs], loaded)
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert out.stdout.split("\n")[0] == "False ['completed', 'completed', 'completed'] []"
+    assert query(database_url, "SELECT count(*) FROM worker.jobs WHERE trace_context IS NULL") == [
+        (3,)
+    ]
+
+
+TRACED_TASKS = '''
+"""A task module whose process exports its spans, as JSON lines, to $TRACE_FILE."""
+import os
+
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
+
+
+class ToFile:
+    def export(self, spans):
+        with open(os.environ["TRACE_FILE"], "a") as out:
+            for span in spans:
+                out.write(span.to_json(indent=None) + "\\n")
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self):
+        pass
+
+    def force_flush(self, timeout_millis=0):
+        return True
+
+
+provider = TracerProvider()
+provider.add_span_processor(SimpleSpanProcessor(ToFile()))
+trace.set_tracer_provider(provider)
+
+from worker import Pipeline
+
+ship = Pipeline("ship_traced")
+
+
+@ship.stage
+def pack(ctx):
+    return 1
+
+
+@ship.stage
+def send(ctx):
+    return 2
+'''
+
+
+def test_worker_process_continues_the_trace_of_a_job_enqueued_in_a_span(
+    database_url, env, processes: Processes, tmp_path, spans
+):
+    (tmp_path / "shiptasks.py").write_text(TRACED_TASKS)
+    trace_file = tmp_path / "spans.jsonl"
+    env = {
+        **env,
+        "TRACE_FILE": str(trace_file),
+        "PYTHONPATH": f"{tmp_path}:{env.get('PYTHONPATH', '')}",
+    }
+    processes.worker(env, "shiptasks")
+    client = Client(database_url)
+    with trace.get_tracer("tests").start_as_current_span("POST /ship") as request:
+        job = client.enqueue("ship_traced", {})
+    assert job.wait_sync(timeout=30) == 2
+    client.close()
+
+    def exported() -> dict[str, Any] | None:
+        lines = trace_file.read_text().splitlines() if trace_file.exists() else []
+        found = {s["name"]: s for s in map(json.loads, lines)}
+        return found if len(found) == 3 else None
+
+    found = wait_for(exported, timeout=10)
+    assert set(found) == {"run ship_traced", "stage pack", "stage send"}
+    request_ctx = request.get_span_context()
+    attempt = found["run ship_traced"]
+    assert attempt["parent_id"] == f"0x{request_ctx.span_id:016x}"
+    assert {s["context"]["trace_id"] for s in found.values()} == {f"0x{request_ctx.trace_id:032x}"}
+    for stage in ("pack", "send"):
+        assert found[f"stage {stage}"]["parent_id"] == attempt["context"]["span_id"]
+    assert attempt["attributes"]["worker.job.id"] == job.job_id
