@@ -1,0 +1,1 @@
+"""The Django example's app: orders and the stock they take."""
