@@ -54,6 +54,12 @@ def test_order_refused_after_its_enqueue_leaves_neither_order_nor_job(http, data
     assert query(database_url, "SELECT units FROM stock") == [(10,)]
 
 
+def test_mounted_job_api_without_a_token_refuses_changes_on_a_host_not_loopback(http, database_url):
+    posted = http.post("/worker/jobs", json={"task": "ship_order", "payload": {"order": 5}})
+    assert posted.status_code == 403  # the test client's host is "testserver"
+    assert jobs(database_url) == []
+
+
 def test_mounted_job_api_closes_its_connections_when_the_app_stops(database_url):
     def client_connections() -> int:
         (row,) = query(

@@ -14,6 +14,7 @@ import textwrap
 from datetime import UTC, datetime
 from typing import Any
 
+import psycopg
 import pytest
 from opentelemetry import trace
 from opentelemetry.trace import StatusCode
@@ -48,6 +49,12 @@ def traced_plain(payload: dict[str, Any]) -> int:
     # A span the task makes itself is a child of the attempt's.
     with trace.get_tracer("tests").start_as_current_span("inside the task"):
         return 1
+
+
+@task(name="traced_async")
+async def traced_async(payload: dict[str, Any]) -> int:
+    with trace.get_tracer("tests").start_as_current_span("inside the task"):
+        return 2
 
 
 @pytest.fixture
@@ -121,19 +128,39 @@ def test_every_enqueue_path_stores_the_trace_its_jobs_continue(database_url, spa
         # A due time COPY cannot write, then unique keys: the batch INSERTs.
         inserted = client.enqueue_many([JobSpec("traced_plain", run_at=datetime.now(UTC))])
         keyed = client.enqueue_many([JobSpec("traced_plain", unique_key="b1")])
+        coroutine = client.enqueue("traced_async", {})
+        with psycopg.connect(database_url) as conn:  # in the caller's transaction
+            joined = client.enqueue("traced_plain", {}, connection=conn)
+            joined_many = client.enqueue_many([("traced_async", {})], connection=conn)
+            conn.commit()
     client.close()
-    jobs = [one, unique, *copied, *inserted, *keyed]
+    jobs = [one, unique, *copied, *inserted, *keyed, coroutine, joined, *joined_many]
     trace_id = f"{batch.get_span_context().trace_id:032x}"
     for job in jobs:
         assert trace_id in stored_trace(database_url, job.job_id)["traceparent"]
 
     drain(url=database_url)
     finished = spans.get_finished_spans()
-    attempts = [s for s in finished if s.name == "run traced_plain"]
+    attempts = [s for s in finished if s.name in ("run traced_plain", "run traced_async")]
     assert len(attempts) == len(jobs)
+    assert {s.instrumentation_scope.name for s in attempts} == {"durable-worker"}
     assert {parent_of(s) for s in attempts} == {batch.get_span_context().span_id}
     inner = [s for s in finished if s.name == "inside the task"]
     assert {parent_of(s) for s in inner} == {s.context.span_id for s in attempts}
+
+
+def test_sql_function_takes_the_trace_context_its_job_continues(database_url, spans):
+    parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    (row,) = query(
+        database_url,
+        "SELECT worker.enqueue('traced_plain', '{}', trace_context => %s)::text",
+        (json.dumps({"traceparent": parent}),),
+    )
+    (done,) = drain(url=database_url)
+    assert done.job_id == row[0]
+    (attempt,) = [s for s in spans.get_finished_spans() if s.name == "run traced_plain"]
+    assert attempt.context.trace_id == 0x0AF7651916CD43DD8448EB211C80319C
+    assert parent_of(attempt) == 0xB7AD6B7169203331
 
 
 def test_job_enqueued_outside_any_span_starts_a_trace_of_its_own(database_url, spans):
