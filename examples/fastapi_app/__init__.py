@@ -13,6 +13,8 @@ Run it, and a worker for its task (from the repository root, `DATABASE_URL` set 
   (`connection=session`) and takes the stock; only then does it commit. An order the stock
   cannot cover is refused (409) after the enqueue: the transaction rolls back, and with it the
   order and the job. No worker ever sees a job whose order does not exist.
+- `ship_order` is a two-stage pipeline (`tasks.py`); with the app instrumented for
+  OpenTelemetry, the request, the job's attempt and each stage are one trace.
 - `worker.api.create_app` is mounted at `/worker`, and `worker.api.lifespan` runs its lifespan
   (its event bus, its connections) inside the FastAPI app's: Starlette never runs a mounted
   app's lifespan by itself.

@@ -1,13 +1,23 @@
-"""The task the FastAPI example enqueues: `worker run examples.fastapi_app.tasks`."""
+"""The job the FastAPI example enqueues, a two-stage pipeline:
+`worker run examples.fastapi_app.tasks`."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from worker import task
+from worker import Context, Pipeline
+
+ship_order = Pipeline("ship_order")
 
 
-@task(name="ship_order")
-def ship_order(payload: dict[str, Any]) -> dict[str, Any]:
-    """Stands for the call to the carrier: the order's shipment label."""
-    return {"order": payload["order"], "label": f"SHIP-{payload['order']:06d}"}
+@ship_order.stage
+def book_carrier(ctx: Context) -> dict[str, Any]:
+    """Stands for the call to the carrier."""
+    return {"order": ctx.payload["order"], "carrier": "ACME Freight"}
+
+
+@ship_order.stage
+def print_label(ctx: Context) -> dict[str, Any]:
+    """The shipment's label, from what the carrier booked (the job's result)."""
+    booked = ctx.outputs["book_carrier"]
+    return {"order": booked["order"], "label": f"SHIP-{booked['order']:06d}"}
