@@ -14,7 +14,7 @@ import pytest
 from fastapi.testclient import TestClient
 from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
 from support import query
-from support.tracing import parent_of, span_exporter
+from support.tracing import parent_of, recording
 
 import examples.fastapi_app.tasks  # noqa: F401  (registers the ship_order pipeline)
 from examples.fastapi_app.app import create_app
@@ -63,16 +63,14 @@ def test_mounted_job_api_without_a_token_refuses_changes_on_a_host_not_loopback(
 
 
 def test_traced_request_and_its_job_make_one_trace_from_the_request_to_each_stage(database_url):
-    exporter = span_exporter()
-    exporter.clear()
     app = create_app(database_url)
     FastAPIInstrumentor.instrument_app(app)  # a span per request, as a traced app has
-    with TestClient(app) as http:
-        placed = http.post("/orders", json={"id": 6, "item": "widget", "quantity": 1})
-    assert placed.status_code == 201
-    drain(url=database_url)
-
-    spans = exporter.get_finished_spans()
+    with recording() as exporter:
+        with TestClient(app) as http:
+            placed = http.post("/orders", json={"id": 6, "item": "widget", "quantity": 1})
+        assert placed.status_code == 201
+        drain(url=database_url)
+        spans = exporter.get_finished_spans()
     (request,) = [s for s in spans if s.name == "POST /orders"]
     (attempt,) = [s for s in spans if s.name == "run ship_order"]
     stages = sorted((s for s in spans if s.name.startswith("stage ")), key=lambda s: s.start_time)
@@ -80,7 +78,6 @@ def test_traced_request_and_its_job_make_one_trace_from_the_request_to_each_stag
     assert {s.context.trace_id for s in [request, attempt, *stages]} == {request.context.trace_id}
     assert parent_of(attempt) == request.context.span_id
     assert {parent_of(s) for s in stages} == {attempt.context.span_id}
-    exporter.clear()
 
 
 def test_mounted_job_api_closes_its_connections_when_the_app_stops(database_url):

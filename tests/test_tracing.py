@@ -19,7 +19,7 @@ import pytest
 from opentelemetry import trace
 from opentelemetry.trace import StatusCode
 from support import Processes, query, wait_for
-from support.tracing import by_name, parent_of, span_exporter
+from support.tracing import by_name, parent_of, recording
 
 from worker import Client, JobSpec, Pipeline, task
 from worker.testing import drain
@@ -59,10 +59,8 @@ async def traced_async(payload: dict[str, Any]) -> int:
 
 @pytest.fixture
 def spans():
-    exporter = span_exporter()
-    exporter.clear()
-    yield exporter
-    exporter.clear()
+    with recording() as exporter:
+        yield exporter
 
 
 def stored_trace(url: str, job_id: str) -> Any:
