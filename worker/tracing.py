@@ -22,6 +22,7 @@ caller's span is that).
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 from collections.abc import Iterator
 from typing import Any
@@ -43,6 +44,13 @@ SCOPE = "durable-worker"
 
 # Outcomes that end an attempt in error, as its span's status says.
 _FAILED = (OutcomeKind.FAILED, OutcomeKind.RETRY)
+
+
+@functools.cache
+def _tracer() -> Any:
+    """The worker's tracer: one for the process (before a provider is set, a proxy that
+    follows the one set later)."""
+    return trace.get_tracer(SCOPE)
 
 
 def carrier() -> str | None:
@@ -69,8 +77,7 @@ def attempt_span(job: ClaimedJob) -> Iterator[Any]:
     if not ENABLED:
         yield None
         return
-    tracer = trace.get_tracer(SCOPE)
-    with tracer.start_as_current_span(
+    with _tracer().start_as_current_span(
         f"run {job.task}",
         context=_parent(job.trace_context),
         kind=SpanKind.CONSUMER,
@@ -110,8 +117,7 @@ def stage_span(
     if not ENABLED:
         yield
         return
-    tracer = trace.get_tracer(SCOPE)
-    with tracer.start_as_current_span(
+    with _tracer().start_as_current_span(
         f"stage {stage}",
         attributes={"worker.stage": stage, "worker.job.id": job.id},
         record_exception=False,
