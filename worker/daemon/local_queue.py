@@ -249,10 +249,16 @@ class LocalQueue:
     def start_ahead(self) -> None:
         """Start claimed jobs while slots are free."""
         executor = self._executor
-        while self.ahead and not self._stopping() and executor.busy < self._concurrency:
-            job = self.ahead.popleft()[0]
+        # Slots taken: running attempts and abandoned threads. Counted once: starting a job
+        # takes one slot, and nothing else moves while this runs.
+        free = self._concurrency - len(executor.tasks) - len(executor.stuck)
+        if free <= 0 or not self.ahead or self._stopping():
+            return
+        ahead, held = self.ahead, self.held
+        for _ in range(min(free, len(ahead))):
+            job = ahead.popleft()[0]
             # Its flag is set if a cancel request came while the job waited.
-            executor.start(job, self.held[job.id])
+            executor.start(job, held[job.id])
 
     def finished(self, job: ClaimedJob, outcome: Outcome, took: float) -> None:
         """An attempt ended: hand its outcome over, and fill the slot it freed."""
@@ -261,16 +267,17 @@ class LocalQueue:
         self._hand_over(job, outcome)
         average = self.job_seconds
         self.job_seconds = took if average == float("inf") else 0.8 * average + 0.2 * took
-        self.freed()
+        self.start_ahead()
+        self.slot_freed.set()
 
     def freed(self) -> None:
         """A slot is free: start a job claimed ahead, or wake the loop to claim."""
         self.start_ahead()
         self.slot_freed.set()
 
-    def recorded(self, job_id: str) -> None:
-        """The job's outcome is written: it is no longer this worker's."""
-        self.unwritten.discard(job_id)
+    def recorded(self, job_ids: list[str]) -> None:
+        """The jobs' outcomes are written: they are no longer this worker's."""
+        self.unwritten.difference_update(job_ids)
 
     def wake(self) -> None:
         """Look for jobs now (news came, or the worker stops)."""
