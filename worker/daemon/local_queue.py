@@ -146,7 +146,7 @@ class LocalQueue:
         self._patience = patience
         self._stopping = stopping
         self._hand_over = hand_over
-        self.executor: Executor | None = None  # set by the worker, which makes both
+        self.executor: Executor  # set by the worker, which makes both
         self.state = State.WAITING
         self.notified = asyncio.Event()  # news for the claim loop: look now
         self.slot_freed = asyncio.Event()
@@ -171,11 +171,6 @@ class LocalQueue:
             raise AssertionError(f"the claim loop cannot go from {self.state} to {state}")
         self.state = state
 
-    @property
-    def _executor(self) -> Executor:
-        assert self.executor is not None
-        return self.executor
-
     # -- the claim loop ---------------------------------------------------------------------
 
     async def run(self, spec: ClaimSpec) -> None:
@@ -185,7 +180,7 @@ class LocalQueue:
         while not self._stopping():
             short = self.job_seconds < PREFETCH_BELOW_SECONDS
             ahead = PREFETCH_BATCHES * self._concurrency if short else 0
-            free = self._concurrency + ahead - len(self.held) - len(self._executor.stuck)
+            free = self._concurrency + ahead - len(self.held) - len(self.executor.stuck)
             # Refill the jobs claimed ahead once they have all started: a claim per batch, not
             # one per slot freed.
             if free <= 0 or self.ahead:
@@ -207,7 +202,7 @@ class LocalQueue:
             try:
                 if self.holdings_uncertain:
                     await self.release_unrun_holdings()
-                jobs = await self._driver.claim(spec, free, [*self.held, *self._executor.stuck])
+                jobs = await self._driver.claim(spec, free, [*self.held, *self.executor.stuck])
             except TRANSIENT as exc:
                 # The claim may have committed with its answer lost: check before the next one.
                 self.holdings_uncertain = True
@@ -248,7 +243,7 @@ class LocalQueue:
 
     def start_ahead(self) -> None:
         """Start claimed jobs while slots are free."""
-        executor = self._executor
+        executor = self.executor
         # Slots taken: running attempts and abandoned threads. Counted once: starting a job
         # takes one slot, and nothing else moves while this runs.
         free = self._concurrency - len(executor.tasks) - len(executor.stuck)
@@ -317,7 +312,7 @@ class LocalQueue:
         long as this worker lives."""
         held = await self._driver.held_jobs(self._id)
         self.unwritten &= held  # the rest were written, or are no longer ours
-        running = set(self.held) | self._executor.stuck
+        running = set(self.held) | self.executor.stuck
         lost = [job_id for job_id in held - self.unwritten if job_id not in running]
         if lost:
             await self._driver.release(self._id, lost)
@@ -355,4 +350,4 @@ class LocalQueue:
 
     def unfinished(self) -> list[str]:
         """The jobs still held: claimed ahead, running, or with a thread still running."""
-        return list(self.held) + list(self._executor.stuck)
+        return list(self.held) + list(self.executor.stuck)
