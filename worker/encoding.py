@@ -33,6 +33,8 @@ def dumps(value: JSON) -> str:
     ...
     worker.encoding.NotStorable: is not storable: it contains a NUL character (\\u0000), ...
     """
+    if value is None:
+        return "null"  # what most tasks return: no encoder needed
     try:
         text = _ENCODE(value)
     except (TypeError, ValueError) as exc:

@@ -205,10 +205,11 @@ class Task(Generic[PayloadT, R]):
         return self.fn(*args, **kwargs)
 
     async def execute(self, ctx: Context) -> Outcome:
-        settled = settled_before_start(ctx.job, ctx.cancelled)
+        # On the event loop only the cancel flag counts (`ctx.cancelled` also asks the thread).
+        settled = settled_before_start(ctx.job, ctx.cancel_event.is_set())
         if settled is not None:
             return settled
-        payload: Any = ctx.payload
+        payload: Any = ctx.job.payload
         if self.model is not None:
             try:
                 payload = self.model.model_validate(payload)

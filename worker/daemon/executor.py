@@ -63,11 +63,6 @@ class Executor:
         self._threads_lock = threading.Lock()
         self._pool = ThreadPoolExecutor(settings.concurrency, "worker-task")
 
-    @property
-    def busy(self) -> int:
-        """Slots taken: running attempts and abandoned threads."""
-        return len(self.tasks) + len(self.stuck)
-
     async def in_thread(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run blocking user code in the pool, counting the thread against its job's slot."""
         loop = asyncio.get_running_loop()
@@ -150,10 +145,8 @@ class Executor:
 
     async def _outcome(self, job: ClaimedJob, cancel: threading.Event) -> Outcome:
         entry = self._registry.get(job.task)
-        unreadable = next(
-            (v for v in (job.payload, job.answer) if isinstance(v, UnreadableJSON)), None
-        )
-        if unreadable is not None:
+        unreadable = job.payload if isinstance(job.payload, UnreadableJSON) else job.answer
+        if isinstance(unreadable, UnreadableJSON):
             outcome = Outcome(
                 OutcomeKind.FAILED,
                 error=f"the job's payload cannot be decoded: {unreadable.reason} (about "

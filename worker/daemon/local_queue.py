@@ -146,7 +146,7 @@ class LocalQueue:
         self._patience = patience
         self._stopping = stopping
         self._hand_over = hand_over
-        self.executor: Executor | None = None  # set by the worker, which makes both
+        self.executor: Executor  # set by the worker, which makes both
         self.state = State.WAITING
         self.notified = asyncio.Event()  # news for the claim loop: look now
         self.slot_freed = asyncio.Event()
@@ -171,11 +171,6 @@ class LocalQueue:
             raise AssertionError(f"the claim loop cannot go from {self.state} to {state}")
         self.state = state
 
-    @property
-    def _executor(self) -> Executor:
-        assert self.executor is not None
-        return self.executor
-
     # -- the claim loop ---------------------------------------------------------------------
 
     async def run(self, spec: ClaimSpec) -> None:
@@ -185,7 +180,7 @@ class LocalQueue:
         while not self._stopping():
             short = self.job_seconds < PREFETCH_BELOW_SECONDS
             ahead = PREFETCH_BATCHES * self._concurrency if short else 0
-            free = self._concurrency + ahead - len(self.held) - len(self._executor.stuck)
+            free = self._concurrency + ahead - len(self.held) - len(self.executor.stuck)
             # Refill the jobs claimed ahead once they have all started: a claim per batch, not
             # one per slot freed.
             if free <= 0 or self.ahead:
@@ -207,7 +202,7 @@ class LocalQueue:
             try:
                 if self.holdings_uncertain:
                     await self.release_unrun_holdings()
-                jobs = await self._driver.claim(spec, free, [*self.held, *self._executor.stuck])
+                jobs = await self._driver.claim(spec, free, [*self.held, *self.executor.stuck])
             except TRANSIENT as exc:
                 # The claim may have committed with its answer lost: check before the next one.
                 self.holdings_uncertain = True
@@ -248,11 +243,17 @@ class LocalQueue:
 
     def start_ahead(self) -> None:
         """Start claimed jobs while slots are free."""
-        executor = self._executor
-        while self.ahead and not self._stopping() and executor.busy < self._concurrency:
-            job = self.ahead.popleft()[0]
+        executor = self.executor
+        # Slots taken: running attempts and abandoned threads. Counted once: starting a job
+        # takes one slot, and nothing else moves while this runs.
+        free = self._concurrency - len(executor.tasks) - len(executor.stuck)
+        if free <= 0 or not self.ahead or self._stopping():
+            return
+        ahead, held = self.ahead, self.held
+        for _ in range(min(free, len(ahead))):
+            job = ahead.popleft()[0]
             # Its flag is set if a cancel request came while the job waited.
-            executor.start(job, self.held[job.id])
+            executor.start(job, held[job.id])
 
     def finished(self, job: ClaimedJob, outcome: Outcome, took: float) -> None:
         """An attempt ended: hand its outcome over, and fill the slot it freed."""
@@ -261,16 +262,17 @@ class LocalQueue:
         self._hand_over(job, outcome)
         average = self.job_seconds
         self.job_seconds = took if average == float("inf") else 0.8 * average + 0.2 * took
-        self.freed()
+        self.start_ahead()
+        self.slot_freed.set()
 
     def freed(self) -> None:
         """A slot is free: start a job claimed ahead, or wake the loop to claim."""
         self.start_ahead()
         self.slot_freed.set()
 
-    def recorded(self, job_id: str) -> None:
-        """The job's outcome is written: it is no longer this worker's."""
-        self.unwritten.discard(job_id)
+    def recorded(self, job_ids: list[str]) -> None:
+        """The jobs' outcomes are written: they are no longer this worker's."""
+        self.unwritten.difference_update(job_ids)
 
     def wake(self) -> None:
         """Look for jobs now (news came, or the worker stops)."""
@@ -310,7 +312,7 @@ class LocalQueue:
         long as this worker lives."""
         held = await self._driver.held_jobs(self._id)
         self.unwritten &= held  # the rest were written, or are no longer ours
-        running = set(self.held) | self._executor.stuck
+        running = set(self.held) | self.executor.stuck
         lost = [job_id for job_id in held - self.unwritten if job_id not in running]
         if lost:
             await self._driver.release(self._id, lost)
@@ -348,4 +350,4 @@ class LocalQueue:
 
     def unfinished(self) -> list[str]:
         """The jobs still held: claimed ahead, running, or with a thread still running."""
-        return list(self.held) + list(self._executor.stuck)
+        return list(self.held) + list(self.executor.stuck)

@@ -251,8 +251,7 @@ class Worker:
         )
 
     def _recorded(self, rows: list[RecordedOutcome]) -> None:
-        for row in rows:
-            self._local.recorded(row.id)
+        self._local.recorded([row.id for row in rows])
         self.processed += len(rows)
         if self.on_recorded is not None:
             self.on_recorded(rows)

@@ -279,13 +279,17 @@ class Batcher(Generic[I, R]):
                 self._written([item for item, _ in batch], None)
             return
         locked: list[_Entry[I, R]] = []
+        # Only jobs set aside before have a pace to forget: most batches have none.
+        locks = self._locks if self._locks is not None and len(self._locks) else None
+        job_of = self._job_of
         for (item, future), answer in zip(batch, answers, strict=True):
             if isinstance(answer, Locked):
                 locked.append((item, future))
                 continue
-            if self._locks is not None and self._job_of is not None:
-                self._locks.done(self._job_of(item))
-            _settle(future, answer)
+            if locks is not None and job_of is not None:
+                locks.done(job_of(item))
+            if future is not None:
+                _settle(future, answer)
         if self._written is not None:
             self._written([item for item, _ in batch], answers)
         if locked:

@@ -80,6 +80,10 @@ class UnreadableJSON:
         return f"UnreadableJSON({self.reason!r})"
 
 
+# A dict lookup per row read: calling the enum class runs its metaclass's lookup each time.
+_JOB_STATUS = {status.value: status for status in JobStatus}
+
+
 def _loads(data: str | bytes) -> Any:
     try:
         return json.loads(data)
@@ -278,24 +282,26 @@ class PostgresDriver:
         self, worker_id: UUID, policy: RetryPolicy, batch: Sequence[OutcomeWrite]
     ) -> list[RecordedOutcome | Locked | None]:
         outcomes = json_records(
-            (
-                {
-                    "id": w.job_id,
-                    "retries": w.retries,
-                    "max_retries": w.max_retries,
-                    "outcome": o.kind,
-                    "error": o.error,
-                    "delay": o.delay,
-                    "stage": o.stage_end.stage if o.stage_end else None,
-                    "stage_status": o.stage_end.status if o.stage_end else None,
-                },
-                {
-                    "result": o.result_json,
-                    "stage_output": o.stage_end.output if o.stage_end else None,
-                },
-            )
-            for w in batch
-            for o in (w.outcome,)
+            [
+                (
+                    {
+                        "id": w.job_id,
+                        "retries": w.retries,
+                        "max_retries": w.max_retries,
+                        "outcome": o.kind,
+                        "error": o.error,
+                        "delay": o.delay,
+                        "stage": o.stage_end.stage if o.stage_end else None,
+                        "stage_status": o.stage_end.status if o.stage_end else None,
+                    },
+                    {
+                        "result": o.result_json,
+                        "stage_output": o.stage_end.output if o.stage_end else None,
+                    },
+                )
+                for w in batch
+                for o in (w.outcome,)
+            ]
         )
         rows = await fetch(
             self.pool,
@@ -313,7 +319,7 @@ class PostgresDriver:
             if status is None
             else RecordedOutcome(
                 job_id,
-                JobStatus(status),
+                _JOB_STATUS[status],
                 task,
                 queue,
                 retries,

@@ -23,9 +23,15 @@ def json_records(rows: Iterable[tuple[Mapping[str, Any], Mapping[str, str | None
     """A JSON array of objects, one per `(values, encoded)` pair. `values` (not empty) are
     encoded here; `encoded` holds values that already are JSON text (a stored result, an
     output), spliced in as they are; a None there leaves the key out (SQL NULL)."""
-    parts = []
+    # Pieces joined once at the end; a loop, not a generator per row, on the per-job path.
+    parts = ["["]
     for values, encoded in rows:
-        text = _encode(values)
-        extra = ",".join(f'"{key}":{value}' for key, value in encoded.items() if value is not None)
-        parts.append(f"{text[:-1]},{extra}}}" if extra else text)
-    return f"[{','.join(parts)}]"
+        parts.append(_encode(values)[:-1])
+        for key, value in encoded.items():
+            if value is not None:
+                parts.append(f',"{key}":{value}')
+        parts.append("},")
+    if len(parts) > 1:
+        parts[-1] = "}"
+    parts.append("]")
+    return "".join(parts)
