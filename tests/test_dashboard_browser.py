@@ -146,12 +146,12 @@ def test_the_queues_table_shows_each_queue_s_pause_and_limits(env, database_url,
         browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
         try:
             page = browser.new_page()
-            page.goto(api.base + "/")
-            mail = page.locator("#stats tbody tr", has_text="mail")
-            expect(mail.locator("td").last).to_have_text("paused, 2 at once, 5/s", timeout=30_000)
-            free = page.locator("#stats tbody tr", has_text="free")
-            expect(free.locator("td").last).to_have_text("")
+            page.goto(api.base + "/#queues")
+            mail = page.locator('#stats tbody tr[data-queue="mail"] td.controls')
+            expect(mail).to_have_text("paused, 2 at once, 5/s", timeout=30_000)
+            free = page.locator('#stats tbody tr[data-queue="free"] td.controls')
+            expect(free).to_have_text("")
             client.resume_queue("mail")  # the table follows within its refresh
-            expect(mail.locator("td").last).to_have_text("2 at once, 5/s", timeout=10_000)
+            expect(mail).to_have_text("2 at once, 5/s", timeout=10_000)
         finally:
             browser.close()

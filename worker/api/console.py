@@ -18,6 +18,7 @@ workers write (`worker.daemon.plugins.rollup`), never the jobs' history.
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from importlib import resources
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -410,6 +411,18 @@ def _lease() -> float:
         return Settings.model_fields["lease_seconds"].default  # type: ignore[no-any-return]
 
 
+# The page's script and style, served beside it (`dashboard.html` links them).
+_STATIC = {"dashboard.js": "text/javascript", "dashboard.css": "text/css"}
+
+
+async def static(request: Request) -> Response:
+    name = request.path_params["name"]
+    if name not in _STATIC:
+        raise ApiError(404, f"no file {name[:60]}")
+    body = resources.files("worker.api").joinpath(name).read_text("utf-8")
+    return Response(body, media_type=_STATIC[name], headers={"Cache-Control": "no-cache"})
+
+
 def routes(api: _Api) -> list[Route]:
     """The console's routes, for `create_app`."""
     c = Console(api)
@@ -420,4 +433,5 @@ def routes(api: _Api) -> list[Route]:
         Route("/console/bulk", c.bulk, methods=["POST"]),
         Route("/console/workers", c.workers, methods=["GET"]),
         Route("/console/charts", c.charts, methods=["GET"]),
+        Route("/console/static/{name}", static, methods=["GET"]),
     ]
