@@ -57,8 +57,9 @@ function span(seconds) {
 }
 function since(iso) { return iso ? (now() - Date.parse(iso)) / 1000 : null; }
 function ago(iso) { return iso ? span(since(iso)) + " ago" : ""; }
-function clock(iso) {
-  return new Date(iso).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" });
+function clock(at) {  // HH:MM, this browser's time zone, 24 hours
+  const d = new Date(at);
+  return String(d.getHours()).padStart(2, "0") + ":" + String(d.getMinutes()).padStart(2, "0");
 }
 function absolute(iso) { return iso ? new Date(iso).toLocaleString() : ""; }
 function took(job) {
