@@ -223,6 +223,40 @@ def test_the_rollup_counts_each_minute_once_however_often_it_runs(http, database
     assert len(day["outcomes"]) == 144 and sum(p["completed"] for p in day["outcomes"]) == 3
 
 
+def test_the_rollup_forgets_old_minutes_and_a_minute_not_sampled_reads_none(http, database_url):
+    query(
+        database_url,
+        "INSERT INTO worker.job_rollups (minute, queue, task, pending) VALUES "
+        "(date_trunc('minute', now()) - interval '3 days', 'old', 'x', 1), "
+        "(date_trunc('minute', now()) - interval '30 minutes', 'reports', 'render', 2)",
+    )
+    asyncio.run(Rollup(database_url, {}).once())
+    assert query(database_url, "SELECT count(*) FROM worker.job_rollups WHERE queue = 'old'") == [
+        (0,)
+    ]
+    depth = http.get("/console/charts").json()["depth"]["reports"]
+    assert [p["pending"] for p in depth].count(2) == 1
+    assert depth[0]["pending"] is None  # no worker sampled that minute
+
+
+def test_a_bulk_retry_leaves_a_job_whose_unique_key_is_taken(http, database_url):
+    held = insert_job(database_url, "charge", unique_key="order-1")
+    failed = insert_job(
+        database_url, "charge", status="failed", finished_at="sql:now()", unique_key="order-1"
+    )
+    free = insert_job(database_url, "charge", status="failed", finished_at="sql:now()")
+    assert bulk(http, "retry", 2, tab="failed") == {
+        "verb": "retry",
+        "changed": 1,
+        "unchanged": 1,
+        "more": True,
+    }
+    assert (
+        status_of(database_url, failed) == "failed" and status_of(database_url, free) == "pending"
+    )
+    assert status_of(database_url, held) == "pending"
+
+
 def test_one_worker_rolls_up_at_a_time(database_url):
     with psycopg.connect(database_url, autocommit=False) as holder:
         holder.execute("SELECT pg_advisory_xact_lock(hashtextextended('worker.job_rollups', 0))")

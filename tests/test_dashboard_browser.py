@@ -43,15 +43,17 @@ def test_dashboard_shows_live_progress_and_cancels_a_job_with_its_button(
     api = start_api(env, processes)
     processes.worker(env, "testtasks", extra={"WORKER_CONCURRENCY": "4"})
     client = Client(database_url)
-    watched = client.enqueue("watched_export", {"ticks": 30, "tick": 0.4}).job_id
-    doomed = client.enqueue("watched_export", {"ticks": 600, "tick": 0.1}).job_id
-    wait_for(lambda: status_of(database_url, watched) == "processing", message="job running")
 
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
         try:
             page = browser.new_page()
             page.goto(api.base + "/")
+            page.wait_for_selector("#tabs button")
+            # Enqueued once the page is up, so that the job is watched from its start.
+            watched = client.enqueue("watched_export", {"ticks": 30, "tick": 0.4}).job_id
+            doomed = client.enqueue("watched_export", {"ticks": 600, "tick": 0.1}).job_id
+            wait_for(lambda: status_of(database_url, watched) == "processing", message="running")
             # Open the running job from the list.
             page.locator(f'tr.job[data-job-id="{watched}"]').click(timeout=30_000)
             page.wait_for_selector("#detail:not([hidden])")

@@ -166,9 +166,11 @@ class OutcomePoint(BaseModel):
 
 
 class DepthPoint(BaseModel):
+    """A queue's deepest minute in a bucket; None when no worker sampled it then."""
+
     bucket: datetime
-    pending: int
-    processing: int
+    pending: int | None
+    processing: int | None
 
 
 class ChartOut(BaseModel):
@@ -378,8 +380,8 @@ class Console:
                     queue: [
                         DepthPoint(
                             bucket=b,
-                            pending=seen.get(b, (0, 0))[0],
-                            processing=seen.get(b, (0, 0))[1],
+                            pending=seen[b][0] if b in seen else None,
+                            processing=seen[b][1] if b in seen else None,
                         )
                         for b in buckets
                     ]

@@ -171,7 +171,7 @@ function jobRow(job) {
   }
   const dueCell = el("td", due, "c-due"); dueCell.title = absolute(job.run_at);
   const worker = job.worker_host ? job.worker_host + ":" + job.worker_pid : "";
-  row.append(id, el("td", job.task), el("td", job.queue, "c-queue"), stateCell,
+  row.append(id, el("td", job.task, "c-task"), el("td", job.queue, "c-queue"), stateCell,
              el("td", job.max_retries !== null ? tries + "/" + (job.max_retries + 1) : tries,
                 "num c-attempts"),
              el("td", job.priority, "num c-priority"), created, dueCell,
@@ -499,7 +499,10 @@ async function loadDetail(id) {
   $("retry").disabled = !(data.status === "failed" || data.status === "cancelled");
   $("resume").disabled = data.status !== "paused";
   // The final status is shown from the job at once, whether or not its events came.
-  if (TERMINAL.has(data.status) || !stream || data.status !== "processing") progressFromRows(data);
+  // Events, once they come, say more of a running job than its rows.
+  if (TERMINAL.has(data.status) || data.status !== "processing" || lastEventId === 0) {
+    progressFromRows(data);
+  }
 }
 
 function openJob(id) {
@@ -698,29 +701,42 @@ function drawDepth(chart) {
   const box = $("chart-depth"), legend = $("depth-legend");
   box.replaceChildren(); legend.replaceChildren();
   const queues = Object.entries(chart.depth);
-  const max = Math.max(1, ...queues.flatMap(([, ps]) => ps.map((p) => p.pending)));
+  const max = Math.max(1, ...queues.flatMap(([, ps]) => ps.map((p) => p.pending || 0)));
   const high = H - BOTTOM - TOP;
   const labels = [];
   queues.forEach(([name, ps], k) => {
     const color = COLORS[k % COLORS.length];
     const step = (W - LEFT) / ps.length;
-    const line = ps.map((p, i) => `${(LEFT + (i + 0.5) * step).toFixed(1)},` +
-                                  `${(H - BOTTOM - high * p.pending / max).toFixed(1)}`).join(" ");
-    const path = svg("polyline", { points: line, fill: "none", stroke: color, "stroke-width": 2 });
-    path.dataset.queue = name;
-    path.append(svg("title", {}, name));
-    box.append(path);
-    // Since when the queue has had due jobs waiting, without a break.
-    let from = ps.length;
-    while (from > 0 && ps[from - 1].pending > 0) from--;
-    const last = ps[ps.length - 1].pending;
+    // A line per run of sampled buckets: a bucket no worker sampled is a gap, not a zero.
+    let run = [];
+    const lines = [];
+    ps.forEach((p, i) => {
+      if (p.pending === null) { if (run.length) lines.push(run); run = []; return; }
+      run.push(`${(LEFT + (i + 0.5) * step).toFixed(1)},` +
+               `${(H - BOTTOM - high * p.pending / max).toFixed(1)}`);
+    });
+    if (run.length) lines.push(run);
+    for (const points of lines) {
+      const path = svg("polyline", { points: points.join(" "), fill: "none", stroke: color,
+                                     "stroke-width": 2 });
+      path.dataset.queue = name;
+      path.append(svg("title", {}, name));
+      box.append(path);
+    }
+    // The latest sample, and since when the queue has had due jobs waiting without a break.
+    let last = ps.length - 1;
+    while (last >= 0 && ps[last].pending === null) last--;
+    const depth = last >= 0 ? ps[last].pending : 0;
+    let from = last;
+    while (from > 0 && (ps[from - 1].pending === null || ps[from - 1].pending > 0)) from--;
+    while (from < last && ps[from].pending === null) from++;
     const item = el("span");
     item.dataset.queue = name;
     const swatch = el("i"); swatch.style.background = color;
-    item.append(swatch, name + ": " + last + " due" +
-      (last > 0 && from < ps.length ? " — waiting since " + clock(ps[from].bucket) : ""));
+    item.append(swatch, name + ": " + depth + " due" +
+      (depth > 0 ? " — waiting since " + clock(ps[from].bucket) : ""));
     legend.append(item);
-    labels.push(`${name} ${last}`);
+    labels.push(`${name} ${depth}`);
   });
   if (queues.length) axes(box, queues[0][1].map((p) => p.bucket), max);
   box.setAttribute("aria-label", "due jobs per queue: " + (labels.join(", ") || "none"));

@@ -168,13 +168,21 @@ SET completed = EXCLUDED.completed, failed = EXCLUDED.failed
 """
 
 # The depth of every queue and task now, kept as the most seen in the current minute; reads
-# the live rows only.
+# the live rows only. A queue and task that had jobs in the last ten minutes and has none now
+# is sampled as 0, so its drained minutes read 0 and a minute no worker sampled reads none.
 SAMPLE_DEPTH = """
 INSERT INTO worker.job_rollups AS r (minute, queue, task, pending, processing)
-SELECT date_trunc('minute', now()), queue, task,
-       count(*) FILTER (WHERE status = 'pending' AND run_at <= now()),
-       count(*) FILTER (WHERE status = 'processing')
-FROM worker.jobs WHERE status IN ('pending', 'processing')
+SELECT date_trunc('minute', now()), queue, task, sum(pending), sum(processing)
+FROM (
+    SELECT queue, task,
+           count(*) FILTER (WHERE status = 'pending' AND run_at <= now()) AS pending,
+           count(*) FILTER (WHERE status = 'processing') AS processing
+    FROM worker.jobs WHERE status IN ('pending', 'processing')
+    GROUP BY queue, task
+    UNION ALL
+    SELECT DISTINCT queue, task, 0, 0 FROM worker.job_rollups
+    WHERE minute >= now() - interval '10 minutes' AND (pending > 0 OR processing > 0)
+) AS seen
 GROUP BY queue, task
 ORDER BY queue, task
 ON CONFLICT (minute, queue, task) DO UPDATE
