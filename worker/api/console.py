@@ -11,14 +11,14 @@ holder and stage list, bulk retry and cancel over a filter, the workers, the cha
 A bulk verb changes each job through the client's one-job verb, so the rules of a click on one
 job (a running job is asked to stop; a job whose unique key is taken stays failed) apply to each.
 It asks for the count the operator confirmed, and refuses when the filter now matches more.
-What this does not do: the page itself is `dashboard.html`; the charts read the rollup the
+What this does not do: the page itself is `dashboard.html` (one file, its script and style
+inline); the charts read the rollup the
 workers write (`worker.daemon.plugins.rollup`), never the jobs' history.
 """
 
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
-from importlib import resources
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -413,18 +413,6 @@ def _lease() -> float:
         return Settings.model_fields["lease_seconds"].default  # type: ignore[no-any-return]
 
 
-# The page's script and style, served beside it (`dashboard.html` links them).
-_STATIC = {"dashboard.js": "text/javascript", "dashboard.css": "text/css"}
-
-
-async def static(request: Request) -> Response:
-    name = request.path_params["name"]
-    if name not in _STATIC:
-        raise ApiError(404, f"no file {name[:60]}")
-    body = resources.files("worker.api").joinpath(name).read_text("utf-8")
-    return Response(body, media_type=_STATIC[name], headers={"Cache-Control": "no-cache"})
-
-
 def routes(api: _Api) -> list[Route]:
     """The console's routes, for `create_app`."""
     c = Console(api)
@@ -435,5 +423,4 @@ def routes(api: _Api) -> list[Route]:
         Route("/console/bulk", c.bulk, methods=["POST"]),
         Route("/console/workers", c.workers, methods=["GET"]),
         Route("/console/charts", c.charts, methods=["GET"]),
-        Route("/console/static/{name}", static, methods=["GET"]),
     ]
