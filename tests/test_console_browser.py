@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 from datetime import UTC, datetime, timedelta
 
-import pytest
 from support import (
     Processes,
     insert_job,
@@ -21,19 +20,13 @@ from support import (
     status_of,
     wait_for,
 )
-from support.browser import CHROMIUM, chromium_page, overflow, screenshot
+from support.browser import BROWSER, chromium_page, overflow, screenshot
 from test_api import start_api
 
 from worker import Client
 from worker.daemon.plugins.rollup import Rollup
 
-pytestmark = [
-    pytest.mark.browser,
-    pytest.mark.skipif(
-        not CHROMIUM.exists(),
-        reason="needs Debian's chromium at /usr/bin/chromium (apt-get install -y chromium)",
-    ),
-]
+pytestmark = BROWSER
 
 
 def test_what_is_failing_and_why(env, database_url, processes: Processes, tmp_path):

@@ -7,32 +7,14 @@ test is skipped only when that browser is absent.
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
-import pytest
 from support import Processes, query, wait_for
+from support.browser import BROWSER, CHROMIUM, CHROMIUM_ARGS
 from test_api import start_api, status_of
 
 from worker import Client
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
-
-pytestmark = [
-    pytest.mark.browser,
-    pytest.mark.skipif(
-        not CHROMIUM.exists(),
-        reason="needs Debian's chromium at /usr/bin/chromium (apt-get install -y chromium)",
-    ),
-]
+pytestmark = BROWSER
 
 
 def test_dashboard_shows_live_progress_and_cancels_a_job_with_its_button(

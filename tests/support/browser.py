@@ -13,6 +13,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
     "--headless",
@@ -22,6 +24,16 @@ CHROMIUM_ARGS = [
     "--disable-component-update",
     "--disable-sync",
     "--no-first-run",
+]
+
+
+# The marks of a browser test: `browser`, and skipped, saying why, without the browser.
+BROWSER = [
+    pytest.mark.browser,
+    pytest.mark.skipif(
+        not CHROMIUM.exists(),
+        reason="needs Debian's chromium at /usr/bin/chromium (apt-get install -y chromium)",
+    ),
 ]
 
 

@@ -41,7 +41,7 @@ from worker.api.params import (
 )
 from worker.client import InvalidTransition, JobNotFound
 from worker.db import console
-from worker.db.console import BulkVerb, ConsoleFilter, Tab
+from worker.db.console import BulkVerb, ConsoleFilter, ConsoleJobRow, ConsoleWorkerRow, Tab
 from worker.db.sql import console as sql
 from worker.models import JobStatus
 from worker.settings import Settings, SettingsError, get_settings
@@ -57,28 +57,10 @@ WINDOWS = {"hour": (timedelta(hours=1), 60), "day": (timedelta(days=1), 600)}
 _FILTER_PARAMS = {"tab", "q", "queue", "task", "since"}
 
 
-class ConsoleJob(BaseModel):
-    id: str
-    queue: str
-    task: str
-    status: JobStatus
-    priority: int
-    retry_count: int
-    max_retries: int | None
-    error: str | None
-    created_at: datetime
-    run_at: datetime
-    started_at: datetime | None
-    finished_at: datetime | None
-    cancel_requested: bool
-    worker_host: str | None
-    worker_pid: int | None
-
-
 class ConsolePage(BaseModel):
     """`GET /console/jobs`: a page of a tab, the count of each tab, the server's time."""
 
-    jobs: list[ConsoleJob]
+    jobs: list[ConsoleJobRow]
     next_cursor: str | None
     counts: dict[str, int]
     now: datetime
@@ -135,26 +117,11 @@ class BulkOut(BaseModel):
     more: bool
 
 
-class WorkerJob(BaseModel):
-    id: str
-    task: str
-    queue: str
-    started_at: datetime | None
-
-
-class WorkerOut(BaseModel):
-    id: str
-    hostname: str
-    pid: int
-    queues: list[str]
-    concurrency: int
-    started_at: datetime
-    heartbeat_age: float
-    jobs: list[WorkerJob]
-
-
 class WorkerList(BaseModel):
-    workers: list[WorkerOut]
+    """`GET /console/workers`: each worker with the jobs it holds (`id`, `task`, `queue`,
+    `started_at`), and the lease its heartbeat is judged by."""
+
+    workers: list[ConsoleWorkerRow]
     lease_seconds: float
     now: datetime
 
@@ -228,8 +195,10 @@ class Console:
             )
             counts = await console.count_tabs(conn, where)
             now = await _now(conn)
-        jobs = [ConsoleJob(**{**row.__dict__, "id": str(row.id)}) for row in rows[:limit]]
-        cursor = encode_cursor(jobs[-1].created_at, jobs[-1].id) if len(rows) > limit else None
+        jobs = rows[:limit]
+        cursor = None
+        if len(rows) > limit:
+            cursor = encode_cursor(jobs[-1].created_at, str(jobs[-1].id))
         return json_response(
             ConsolePage(
                 jobs=jobs,
@@ -324,20 +293,7 @@ class Console:
         async with self.api.session() as conn:
             rows = await console.workers(conn)
             now = await _now(conn)
-        out = [
-            WorkerOut(
-                id=str(row.id),
-                hostname=row.hostname,
-                pid=row.pid,
-                queues=row.queues,
-                concurrency=row.concurrency,
-                started_at=row.started_at,
-                heartbeat_age=row.heartbeat_age,
-                jobs=[WorkerJob(**job) for job in row.jobs],
-            )
-            for row in rows
-        ]
-        return json_response(WorkerList(workers=out, lease_seconds=self.lease_seconds, now=now))
+        return json_response(WorkerList(workers=rows, lease_seconds=self.lease_seconds, now=now))
 
     async def charts(self, request: Request) -> Response:
         q = request.query_params
