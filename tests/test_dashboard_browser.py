@@ -7,32 +7,14 @@ test is skipped only when that browser is absent.
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
-import pytest
 from support import Processes, query, wait_for
+from support.browser import BROWSER, CHROMIUM, CHROMIUM_ARGS
 from test_api import start_api, status_of
 
 from worker import Client
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
-
-pytestmark = [
-    pytest.mark.browser,
-    pytest.mark.skipif(
-        not CHROMIUM.exists(),
-        reason="needs Debian's chromium at /usr/bin/chromium (apt-get install -y chromium)",
-    ),
-]
+pytestmark = BROWSER
 
 
 def test_dashboard_shows_live_progress_and_cancels_a_job_with_its_button(
@@ -43,15 +25,17 @@ def test_dashboard_shows_live_progress_and_cancels_a_job_with_its_button(
     api = start_api(env, processes)
     processes.worker(env, "testtasks", extra={"WORKER_CONCURRENCY": "4"})
     client = Client(database_url)
-    watched = client.enqueue("watched_export", {"ticks": 30, "tick": 0.4}).job_id
-    doomed = client.enqueue("watched_export", {"ticks": 600, "tick": 0.1}).job_id
-    wait_for(lambda: status_of(database_url, watched) == "processing", message="job running")
 
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
         try:
             page = browser.new_page()
             page.goto(api.base + "/")
+            page.wait_for_selector("#tabs button")
+            # Enqueued once the page is up, so that the job is watched from its start.
+            watched = client.enqueue("watched_export", {"ticks": 30, "tick": 0.4}).job_id
+            doomed = client.enqueue("watched_export", {"ticks": 600, "tick": 0.1}).job_id
+            wait_for(lambda: status_of(database_url, watched) == "processing", message="running")
             # Open the running job from the list.
             page.locator(f'tr.job[data-job-id="{watched}"]').click(timeout=30_000)
             page.wait_for_selector("#detail:not([hidden])")
@@ -146,12 +130,12 @@ def test_the_queues_table_shows_each_queue_s_pause_and_limits(env, database_url,
         browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
         try:
             page = browser.new_page()
-            page.goto(api.base + "/")
-            mail = page.locator("#stats tbody tr", has_text="mail")
-            expect(mail.locator("td").last).to_have_text("paused, 2 at once, 5/s", timeout=30_000)
-            free = page.locator("#stats tbody tr", has_text="free")
-            expect(free.locator("td").last).to_have_text("")
+            page.goto(api.base + "/#queues")
+            mail = page.locator('#stats tbody tr[data-queue="mail"] td.controls')
+            expect(mail).to_have_text("paused, 2 at once, 5/s", timeout=30_000)
+            free = page.locator('#stats tbody tr[data-queue="free"] td.controls')
+            expect(free).to_have_text("")
             client.resume_queue("mail")  # the table follows within its refresh
-            expect(mail.locator("td").last).to_have_text("2 at once, 5/s", timeout=10_000)
+            expect(mail).to_have_text("2 at once, 5/s", timeout=10_000)
         finally:
             browser.close()

@@ -196,3 +196,28 @@ schedules = Table(
     Column("fired_at", DateTime(timezone=True), nullable=True),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
 )
+
+# Per minute, queue and task (migration 0010): outcomes and the queue's depth, written by the
+# workers' `rollup` duty so that the console's charts never read the jobs' history.
+job_rollups = Table(
+    "job_rollups",
+    metadata,
+    Column("minute", DateTime(timezone=True), nullable=False),
+    Column("queue", Text, nullable=False),
+    Column("task", Text, nullable=False),
+    Column("completed", Integer, nullable=False, server_default=text("0")),
+    Column("failed", Integer, nullable=False, server_default=text("0")),
+    Column("pending", Integer, nullable=False, server_default=text("0")),  # due, as last seen
+    Column("processing", Integer, nullable=False, server_default=text("0")),
+    PrimaryKeyConstraint("minute", "queue", "task", name="job_rollups_pkey"),
+)
+
+# Each registered pipeline's stages in the order they run (migration 0010), as the workers know.
+task_stages = Table(
+    "task_stages",
+    metadata,
+    Column("task", Text, primary_key=True),
+    Column("stages", ARRAY(Text), nullable=False),
+    Column("cleanups", ARRAY(Text), nullable=False),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
+)

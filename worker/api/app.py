@@ -38,6 +38,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from worker.api import console
 from worker.api.access import is_loopback
 from worker.api.errors import UNAVAILABLE, error_response, exception_handlers, json_response
 from worker.api.openapi import build_spec
@@ -436,6 +437,7 @@ def create_app(url: str, token: str | None = None, *, bus: ProgressBus | None = 
         Route("/queues/{name}/pause", api.pause_queue, methods=["POST"]),
         Route("/queues/{name}/resume", api.resume_queue, methods=["POST"]),
         Route("/queues/{name}/limit", api.limit_queue, methods=["POST"]),
+        *console.routes(api),
     ]
     app = Starlette(routes=routes, exception_handlers=exception_handlers(), lifespan=lifespan)
     app.state.api = api

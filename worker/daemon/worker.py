@@ -35,6 +35,7 @@ from worker.daemon.db import Patience
 from worker.daemon.executor import Executor
 from worker.daemon.local_queue import LocalQueue, claim_spec
 from worker.daemon.plugins import Heartbeat, Plugin, Rescuer, Retention, Scheduler
+from worker.daemon.plugins.rollup import Rollup
 from worker.daemon.stage_store import DaemonStageStore
 from worker.db.driver import Closable, Driver, RecordedOutcome, Registration
 from worker.db.errors import TRANSIENT, describe
@@ -153,6 +154,8 @@ class Worker:
         ]
         if self.settings.retention_enabled:
             plugins.append(Retention(self.driver, self.settings))
+        if isinstance(self.driver, PostgresDriver):
+            plugins.append(Rollup(self.url, self.registry))
         schedules = [s for s in SCHEDULES.values() if s.task in self.registry]
         if schedules:
             plugins.append(Scheduler(self.driver, schedules))

@@ -1,0 +1,80 @@
+"""The rollup: each minute's completed and failed jobs and each queue's depth, for the charts.
+
+Every `INTERVAL` seconds (jittered) one worker of the fleet counts the recent outcomes again
+from the rows and samples the depth of every queue into `worker.job_rollups` (see
+`worker.db.sql.console`); the others find its turn taken and skip. At start it publishes its
+registry's pipelines and their stages to `worker.task_stages`, so the console lists the
+stages a job has yet to run. A failure is logged and tried again next time.
+
+What this does not do: it reads no history past the minutes it rolls up, and it changes no job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Mapping
+
+import psycopg
+
+from worker.attempt import Executable
+from worker.db import console
+from worker.db.connect import aconnect
+from worker.db.errors import TRANSIENT, describe
+from worker.logs import fields
+from worker.stages.pipeline import Pipeline
+
+log = logging.getLogger("worker.daemon")
+
+# Several runs per minute, so the current minute's depth is sampled a few times and a closed
+# minute's outcomes are final within seconds.
+INTERVAL = 15.0
+
+
+def stage_plans(registry: Mapping[str, Executable]) -> dict[str, tuple[list[str], list[str]]]:
+    """Each pipeline's stages and its cleanups (`ALL_DONE` stages), in the order they run."""
+    return {
+        name: ([s.name for s in entry.main_stages], [s.name for s in entry.cleanups])
+        for name, entry in registry.items()
+        if isinstance(entry, Pipeline)
+    }
+
+
+class Rollup:
+    """Writes the console's rollup now and then; see the module's docs."""
+
+    name = "rollup"
+
+    def __init__(
+        self, url: str, registry: Mapping[str, Executable], interval: float = INTERVAL
+    ) -> None:
+        self._url = url
+        self._plans = stage_plans(registry)
+        self.interval = interval
+        self._published = False
+
+    async def once(self) -> bool:
+        """One run: the stage lists if not yet, then the rollup; False if another had its turn."""
+        async with await aconnect(self._url, "durable-worker-rollup") as conn:
+            if not self._published:
+                await console.publish_stages(conn, self._plans)
+                self._published = True
+            return await console.roll_up(conn)
+
+    async def run(self) -> None:
+        delay = 0.0
+        while True:
+            await asyncio.sleep(delay)
+            delay = self.interval * (0.5 + random.random())
+            try:
+                await self.once()
+            except TRANSIENT as exc:
+                log.debug("rollup skipped: %s", type(exc).__name__)
+            except psycopg.Error as exc:  # the charts lag; jobs still run; the operator is told
+                error = describe(exc)
+                log.error(
+                    "rollup failed (%s); trying again next time",
+                    error,
+                    extra=fields("rollup.failed", error=error),
+                )

@@ -1,0 +1,206 @@
+"""The console's statements: the job list by tab and search, bulk verbs' sets, the workers
+with the jobs they hold, the charts, and the rollup the workers write for them.
+
+`worker.db.console` runs them. What this does not hold: one job's verbs (`actions`), which a
+bulk verb calls for each job of its set.
+"""
+
+# Which jobs each tab of the console lists; a tab names a job's state as an operator reads it,
+# so a pending job is `scheduled` while it is not due, `retrying` once an attempt failed.
+TABS = {
+    "running": "j.status = 'processing'",
+    "queued": "j.status = 'pending' AND j.run_at <= now() AND j.retry_count = 0",
+    "scheduled": "j.status = 'pending' AND j.run_at > now() AND j.retry_count = 0",
+    "retrying": "j.status = 'pending' AND j.retry_count > 0",
+    "paused": "j.status = 'paused'",
+    "failed": "j.status = 'failed'",
+    "cancelled": "j.status = 'cancelled'",
+    "completed": "j.status = 'completed'",
+    "all": "true",
+}
+
+# A NULL parameter skips its filter. The search is a substring of the id, the task, the
+# payload's JSON or the error, case-insensitive; strpos, not LIKE, so `%` and `_` are plain.
+# `since`: the job's latest move (finished, else started, else created) at or after it.
+FILTER = """
+  AND (%(queue)s::text IS NULL OR j.queue = %(queue)s::text)
+  AND (%(task)s::text IS NULL OR j.task = %(task)s::text)
+  AND (%(since)s::timestamptz IS NULL
+       OR coalesce(j.finished_at, j.started_at, j.created_at) >= %(since)s::timestamptz)
+  AND (%(q)s::text IS NULL
+       OR strpos(j.id::text, lower(%(q)s::text)) > 0
+       OR strpos(lower(j.task), lower(%(q)s::text)) > 0
+       OR strpos(lower(j.payload::text), lower(%(q)s::text)) > 0
+       OR strpos(lower(coalesce(j.error, '')), lower(%(q)s::text)) > 0)
+"""
+
+# Keyset on (created_at, id), newest first, as `GET /jobs`: rows inserted meanwhile never
+# shift a page.
+_KEYSET = """
+  AND (%(before_at)s::timestamptz IS NULL
+       OR (j.created_at, j.id) < (%(before_at)s::timestamptz, %(before_id)s::uuid))
+"""
+
+# Read-only: one page of a tab, one row more than the page to tell whether more follow; the
+# worker holding a running job comes with it.
+_LIST = """
+SELECT j.id, j.queue, j.task, j.status, j.priority, j.retry_count, j.max_retries,
+       split_part(j.error, E'\\n', 1) AS error, j.created_at, j.run_at, j.started_at,
+       j.finished_at, j.cancel_requested, w.hostname AS worker_host, w.pid AS worker_pid
+FROM worker.jobs AS j LEFT JOIN worker.workers AS w ON w.id = j.worker_id
+WHERE {tab} {filter} {keyset}
+ORDER BY j.created_at DESC, j.id DESC
+LIMIT %(limit)s
+"""
+LIST_JOBS = {
+    tab: _LIST.format(tab=where, filter=FILTER, keyset=_KEYSET) for tab, where in TABS.items()
+}
+
+# Read-only: how many jobs each tab holds under the same search; finished jobs but the failed
+# are left out, so the count reads live rows and the failed ones (`jobs_failed_idx`) only.
+COUNT_TABS = f"""
+SELECT count(*) FILTER (WHERE {TABS["running"]}) AS running,
+       count(*) FILTER (WHERE {TABS["queued"]}) AS queued,
+       count(*) FILTER (WHERE {TABS["scheduled"]}) AS scheduled,
+       count(*) FILTER (WHERE {TABS["retrying"]}) AS retrying,
+       count(*) FILTER (WHERE {TABS["paused"]}) AS paused,
+       count(*) FILTER (WHERE {TABS["failed"]}) AS failed
+FROM worker.jobs AS j
+WHERE j.status IN ('processing', 'pending', 'paused', 'failed') {FILTER}
+"""
+
+# Which jobs of a tab each bulk verb may change: a retry takes the finished ones that did not
+# complete, a cancel the live ones not already asked to stop (so a walk never meets one twice).
+VERB_STATUSES = {
+    "retry": "j.status IN ('failed', 'cancelled')",
+    "cancel": "j.status IN ('pending', 'paused', 'processing') AND NOT j.cancel_requested",
+}
+
+# Read-only: one batch of a bulk verb's set, walked by keyset; each job is then changed by the
+# one-job statement (`RETRY`, `CANCEL`), whose row lock and rules apply to it as to a click.
+_BULK_IDS = """
+SELECT j.id::text AS id, j.created_at FROM worker.jobs AS j
+WHERE {tab} AND {verb} {filter} {keyset}
+ORDER BY j.created_at DESC, j.id DESC
+LIMIT %(limit)s
+"""
+BULK_IDS = {
+    (tab, verb): _BULK_IDS.format(tab=where, verb=allowed, filter=FILTER, keyset=_KEYSET)
+    for tab, where in TABS.items()
+    for verb, allowed in VERB_STATUSES.items()
+}
+
+# Read-only: how many jobs a bulk verb would change, for its confirmation.
+_BULK_COUNT = "SELECT count(*) FROM worker.jobs AS j WHERE {tab} AND {verb} {filter}"
+BULK_COUNT = {
+    (tab, verb): _BULK_COUNT.format(tab=where, verb=allowed, filter=FILTER)
+    for tab, where in TABS.items()
+    for verb, allowed in VERB_STATUSES.items()
+}
+
+# Read-only: what the job view adds to `GET /jobs/{id}`: the worker holding the job and how
+# long ago it beat, and the stages its task runs as the workers registered them.
+JOB_CONTEXT = """
+SELECT j.task, j.worker_id, w.hostname AS worker_host, w.pid AS worker_pid,
+       extract(epoch FROM now() - w.heartbeat_at)::float8 AS heartbeat_age,
+       t.stages, t.cleanups
+FROM worker.jobs AS j
+LEFT JOIN worker.workers AS w ON w.id = j.worker_id
+LEFT JOIN worker.task_stages AS t ON t.task = j.task
+WHERE j.id = %(id)s
+"""
+
+# Read-only: each registered worker and the jobs it holds (`jobs_processing_idx`), the
+# longest-running first.
+WORKERS = """
+SELECT w.id, w.hostname, w.pid, w.queues, w.concurrency, w.started_at,
+       extract(epoch FROM now() - w.heartbeat_at)::float8 AS heartbeat_age,
+       coalesce((SELECT jsonb_agg(jsonb_build_object(
+                    'id', j.id, 'task', j.task, 'queue', j.queue, 'started_at', j.started_at)
+                  ORDER BY j.started_at)
+                 FROM worker.jobs AS j
+                 WHERE j.status = 'processing' AND j.worker_id = w.id), '[]'::jsonb) AS jobs
+FROM worker.workers AS w ORDER BY w.hostname, w.pid, w.id
+"""
+
+# Read-only: the rollup in buckets of `bucket` seconds from `start`: outcomes summed, and each
+# queue's depth as the most seen in any minute of the bucket.
+CHART = """
+WITH per_minute AS (
+    SELECT minute, queue, sum(completed) AS completed, sum(failed) AS failed,
+           sum(pending) AS pending, sum(processing) AS processing
+    FROM worker.job_rollups
+    WHERE minute >= %(start)s::timestamptz
+      AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+      AND (%(task)s::text IS NULL OR task = %(task)s::text)
+    GROUP BY minute, queue
+)
+SELECT date_bin(make_interval(secs => %(bucket)s), minute, %(start)s::timestamptz) AS bucket,
+       queue, sum(completed)::int AS completed, sum(failed)::int AS failed,
+       max(pending)::int AS pending, max(processing)::int AS processing
+FROM per_minute GROUP BY 1, 2 ORDER BY 1, 2
+"""
+
+# The database's clock, which the page's relative times and the rollup's minutes go by.
+NOW = "SELECT now()"
+
+# -- the rollup the workers write (`worker.daemon.plugins.rollup`) ----------------------------
+
+# One worker rolls up at a time; the others skip their turn rather than wait for the lock.
+ROLLUP_TURN = "SELECT pg_try_advisory_xact_lock(hashtextextended('worker.job_rollups', 0))"
+
+# Safe to repeat, by any worker: each minute's outcomes are counted again from the rows
+# (`jobs_finished_idx`) and set, not added, from a little before the last minute rolled up (or
+# a day back at most), so a run that overlaps another or follows a stop counts nothing twice.
+ROLL_UP_OUTCOMES = """
+INSERT INTO worker.job_rollups AS r (minute, queue, task, completed, failed)
+SELECT date_trunc('minute', finished_at), queue, task,
+       count(*) FILTER (WHERE status = 'completed'), count(*) FILTER (WHERE status = 'failed')
+FROM worker.jobs
+WHERE status IN ('completed', 'failed')
+  AND finished_at >= greatest(
+        date_trunc('minute', now()) - interval '1 day',
+        (SELECT max(minute) FROM worker.job_rollups) - interval '2 minutes')
+GROUP BY 1, 2, 3
+ORDER BY 1, 2, 3
+ON CONFLICT (minute, queue, task) DO UPDATE
+SET completed = EXCLUDED.completed, failed = EXCLUDED.failed
+"""
+
+# The depth of every queue and task now, kept as the most seen in the current minute; reads
+# the live rows only. A queue and task that had jobs in the last ten minutes and has none now
+# is sampled as 0, so its drained minutes read 0 and a minute no worker sampled reads none.
+SAMPLE_DEPTH = """
+INSERT INTO worker.job_rollups AS r (minute, queue, task, pending, processing)
+SELECT date_trunc('minute', now()), queue, task, sum(pending), sum(processing)
+FROM (
+    SELECT queue, task,
+           count(*) FILTER (WHERE status = 'pending' AND run_at <= now()) AS pending,
+           count(*) FILTER (WHERE status = 'processing') AS processing
+    FROM worker.jobs WHERE status IN ('pending', 'processing')
+    GROUP BY queue, task
+    UNION ALL
+    SELECT DISTINCT queue, task, 0, 0 FROM worker.job_rollups
+    WHERE minute >= now() - interval '10 minutes' AND (pending > 0 OR processing > 0)
+) AS seen
+GROUP BY queue, task
+ORDER BY queue, task
+ON CONFLICT (minute, queue, task) DO UPDATE
+SET pending = greatest(r.pending, EXCLUDED.pending),
+    processing = greatest(r.processing, EXCLUDED.processing)
+"""
+
+# Rows past what any chart shows.
+PRUNE_ROLLUPS = "DELETE FROM worker.job_rollups WHERE minute < now() - interval '2 days'"
+
+# A worker's registry, published: each pipeline's stages in the order they run.
+PUBLISH_STAGES = """
+INSERT INTO worker.task_stages (task, stages, cleanups)
+SELECT key, array(SELECT jsonb_array_elements_text(value -> 'stages')),
+       array(SELECT jsonb_array_elements_text(value -> 'cleanups'))
+FROM jsonb_each(%(plans)s::jsonb) ORDER BY key
+ON CONFLICT (task) DO UPDATE
+SET stages = EXCLUDED.stages, cleanups = EXCLUDED.cleanups, updated_at = now()
+WHERE (task_stages.stages, task_stages.cleanups) IS DISTINCT FROM
+      (EXCLUDED.stages, EXCLUDED.cleanups)
+"""
