@@ -1,7 +1,7 @@
 """job rollups for the console's charts, and the stage lists the workers know
 
 Revision ID: 0010
-Revises: 0008
+Revises: 0009
 Create Date: 2026-12-02 16:10:00.000000
 
 `worker.job_rollups` holds one row per minute, queue and task: the jobs that completed and
@@ -24,7 +24,7 @@ from pathlib import Path
 from alembic import op
 
 revision: str = "0010"
-down_revision: str | None = "0008"
+down_revision: str | None = "0009"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
@@ -60,18 +60,23 @@ _RUNNER_MORE = (
 )
 
 
-def _base():  # type: ignore[no-untyped-def]
-    path = Path(__file__).with_name("0008_unique_jobs_and_queues.py")
-    spec = importlib.util.spec_from_file_location("_worker_migration_0008", path)
+def _revision(filename: str):  # type: ignore[no-untyped-def]
+    path = Path(__file__).with_name(filename)
+    spec = importlib.util.spec_from_file_location(f"_worker_migration_{path.stem}", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
+def _base_grants() -> str:
+    """0008's `worker.grant_roles()` for 0009's `worker.enqueue()` signature."""
+    base = _revision("0008_unique_jobs_and_queues.py")
+    return str(base._grants(_revision("0009_trace_context.py").NEW_ENQUEUE, new_tables=True))
+
+
 def _grants() -> str:
-    base = _base()
-    text = base._grants(base.NEW_ENQUEUE, new_tables=True)
+    text = _base_grants()
     assert _CLIENT_MARK in text and _RUNNER_MARK in text
     return text.replace(_CLIENT_MARK, f"{_CLIENT_MARK}\n        {_CLIENT_MORE}").replace(
         _RUNNER_MARK, f"{_RUNNER_MARK}\n        {_RUNNER_MORE}"
@@ -86,7 +91,6 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    base = _base()
     op.execute("DROP TABLE worker.task_stages")
     op.execute("DROP TABLE worker.job_rollups")
-    op.execute(base._grants(base.NEW_ENQUEUE, new_tables=True))
+    op.execute(_base_grants())
