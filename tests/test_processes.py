@@ -3,15 +3,21 @@
 from __future__ import annotations
 
 import doctest
+import logging
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support import Processes, counts, query, wait_for
+from support import Processes, counts, free_port, query, wait_for
 
 from worker import Client
 from worker.daemon import supervisor
@@ -44,28 +50,63 @@ def registered(database_url: str) -> set[int]:
     return {pid for (pid,) in query(database_url, "SELECT pid FROM worker.workers")}
 
 
+def supervised(
+    processes: Processes, env: dict[str, str], n: int, **settings: str
+) -> tuple[subprocess.Popen[bytes], set[int]]:
+    """`worker run testtasks --processes n`, once its n workers have registered; their pids."""
+    proc = processes.worker(env, "testtasks", args=("--processes", str(n)), extra=settings)
+    database_url = env["DATABASE_URL"]
+    pids = wait_for(
+        lambda: (found := registered(database_url)) and len(found) == n and found,
+        timeout=60,
+        message=f"{n} workers registered",
+    )
+    assert isinstance(pids, set)
+    return proc, pids
+
+
+def claimed_by_metrics(port: int) -> float:
+    """The `durable_worker_jobs_claimed_total` the worker process on `port` serves."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
+        text = answer.read().decode()
+    (line,) = [
+        ln for ln in text.splitlines() if ln.startswith("durable_worker_jobs_claimed_total ")
+    ]
+    return float(line.split()[1])
+
+
+def consecutive_free_ports() -> int:
+    """A port p such that p and p + 1 are both free right now."""
+    while True:
+        port = free_port()
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+        return port
+
+
 def test_each_process_registers_its_own_worker_and_the_supervisor_holds_no_connection(
     env, database_url, processes: Processes
 ):
-    proc = processes.worker(env, "testtasks", args=("--processes", "3"))
-    pids = wait_for(
-        lambda: (found := registered(database_url)) and len(found) == 3 and found,
-        message="3 workers registered",
-    )
-    assert isinstance(pids, set)
+    port = consecutive_free_ports()
+    proc, pids = supervised(processes, env, 2, WORKER_METRICS_PORT=str(port))
     assert proc.pid not in pids
     assert {parent_of(pid) for pid in pids} == {proc.pid}
     assert sockets_of(proc.pid) == []
     jobs = [Client(database_url).enqueue("add", {"a": i, "b": 1}) for i in range(30)]
     assert [j.wait_sync(timeout=30) for j in jobs] == [i + 1 for i in range(30)]
+    # Process k serves its own counters on WORKER_METRICS_PORT + k - 1.
+    assert claimed_by_metrics(port) + claimed_by_metrics(port + 1) == 30
     log = processes.log(proc)
-    for slot in (1, 2, 3):
-        assert re.search(rf"worker process {slot} of 3 started \(pid \d+\)", log)
+    for slot in (1, 2):
+        assert re.search(rf"worker process {slot} of 2 started \(pid \d+\)", log)
 
 
 def test_one_process_is_the_worker_itself_with_no_supervisor(env, database_url, processes):
     proc = processes.worker(env, "testtasks", args=("--processes", "1"))
-    wait_for(lambda: registered(database_url), message="the worker registered")
+    wait_for(lambda: registered(database_url), timeout=60, message="the worker registered")
     assert registered(database_url) == {proc.pid}
     assert "supervisor" not in processes.log(proc)
 
@@ -73,11 +114,9 @@ def test_one_process_is_the_worker_itself_with_no_supervisor(env, database_url, 
 def test_a_killed_process_is_started_again_and_every_job_completes_once(
     env, database_url, processes
 ):
+    proc, _ = supervised(processes, env, 2, WORKER_CONCURRENCY="2")
     client = Client(database_url)
-    jobs = [client.enqueue("effect", {"key": str(i), "sleep": 2}) for i in range(8)]
-    proc = processes.worker(
-        env, "testtasks", args=("--processes", "2"), extra={"WORKER_CONCURRENCY": "2"}
-    )
+    jobs = [client.enqueue("effect", {"key": str(i), "sleep": 3}) for i in range(8)]
     wait_for(lambda: counts(database_url).get("processing") == 4, message="4 jobs running")
     (victim,) = query(
         database_url,
@@ -87,6 +126,7 @@ def test_a_killed_process_is_started_again_and_every_job_completes_once(
     os.kill(victim[0], signal.SIGKILL)
     wait_for(
         lambda: len(registered(database_url) - {victim[0]}) == 2,
+        timeout=60,
         message="a new process in the killed one's place",
     )
     wait_for(lambda: counts(database_url) == {"completed": 8}, timeout=60, message="all done")
@@ -100,13 +140,10 @@ def test_a_killed_process_is_started_again_and_every_job_completes_once(
 
 
 def test_sigterm_to_the_supervisor_stops_every_process_gracefully(env, database_url, processes):
+    proc, children = supervised(processes, env, 2, WORKER_CONCURRENCY="2")
     client = Client(database_url)
     jobs = [client.enqueue("effect", {"key": str(i), "sleep": 1.5}) for i in range(4)]
-    proc = processes.worker(
-        env, "testtasks", args=("--processes", "2"), extra={"WORKER_CONCURRENCY": "2"}
-    )
     wait_for(lambda: counts(database_url).get("processing") == 4, message="4 jobs running")
-    children = registered(database_url)
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=30) == 0
     assert counts(database_url) == {"completed": 4}
@@ -119,14 +156,9 @@ def test_sigterm_to_the_supervisor_stops_every_process_gracefully(env, database_
 
 
 def test_processes_whose_supervisor_is_killed_stop_by_themselves(env, database_url, processes):
-    proc = processes.worker(env, "testtasks", args=("--processes", "2"))
-    children = wait_for(
-        lambda: (found := registered(database_url)) and len(found) == 2 and found,
-        message="2 workers registered",
-    )
-    assert isinstance(children, set)
+    proc, children = supervised(processes, env, 2)
     os.kill(proc.pid, signal.SIGKILL)
-    wait_for(lambda: not registered(database_url), timeout=20, message="both deregistered")
+    wait_for(lambda: not registered(database_url), timeout=30, message="both deregistered")
     wait_for(lambda: not [pid for pid in children if alive(pid)], message="both exited")
     assert processes.log(proc).count(f"the supervisor (pid {proc.pid}) is gone: stopping") == 2
 
@@ -142,7 +174,7 @@ def test_a_process_that_dies_at_every_start_is_started_again_ever_more_slowly(
     exits = r"worker process 1 \(pid \d+\) exited with code 3; starting again in (\S+) s"
     delays = wait_for(
         lambda: len(found := re.findall(exits, processes.log(proc))) >= 2 and found,
-        timeout=30,
+        timeout=60,
         message="process 1 started a third time",
     )
     assert isinstance(delays, list)
@@ -187,3 +219,76 @@ def test_a_bad_number_of_processes_is_one_line_naming_it(env, tmp_path, args, ex
 
 def test_how_a_process_ended_reads_as_its_code_or_signal():
     assert doctest.testmod(supervisor).failed == 0
+
+
+def test_a_dying_process_waits_from_half_a_second_doubling_up_to_half_a_minute():
+    backoff = supervisor.Child(slot=1).backoff
+    assert [backoff.next() for _ in range(9)] == [0.5, 1, 2, 4, 8, 16, 30, 30, 30]
+
+
+class Lines(logging.Handler):
+    """The supervisor's log lines, as text."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+@pytest.fixture
+def supervisor_lines() -> Iterator[list[str]]:
+    handler, logger = Lines(), logging.getLogger("worker.supervisor")
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    yield handler.lines
+    logger.removeHandler(handler)
+    logger.setLevel(level)
+
+
+def python(code: str) -> list[str]:
+    return [sys.executable, "-c", code]
+
+
+def test_a_process_that_ran_steadily_before_it_died_waits_the_shortest_delay_again(
+    monkeypatch, supervisor_lines
+):
+    monkeypatch.setattr(supervisor, "STEADY_SECONDS", 0.2)
+    sup = supervisor.Supervisor(
+        python("import time; time.sleep(0.3)"), 1, env_for=lambda slot: os.environ, stop_timeout=5
+    )
+    threading.Timer(4.0, sup.request_stop).start()
+    assert sup.run() == 0
+    delays = [line.rpartition(" in ")[2] for line in supervisor_lines if "again in" in line]
+    assert len(delays) >= 2
+    assert set(delays) == {"0.5 s"}
+
+
+def test_ctrl_c_stops_every_process_with_sigterm_and_exits_0(supervisor_lines):
+    stops_on_sigterm = python(
+        "import signal, sys, time\n"
+        "signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))\n"
+        "time.sleep(60)\n"
+    )
+    sup = supervisor.Supervisor(
+        stops_on_sigterm, 2, env_for=lambda slot: os.environ, stop_timeout=10
+    )
+    threading.Timer(3.0, os.kill, (os.getpid(), signal.SIGINT)).start()
+    assert sup.run() == 0
+    assert "supervisor stopping: SIGTERM to 2 worker processes" in supervisor_lines
+    assert sum(line.endswith("exited with code 0") for line in supervisor_lines) == 2
+
+
+def test_a_process_that_ignores_sigterm_is_killed_after_the_stop_timeout(supervisor_lines):
+    ignores_sigterm = python(
+        "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\ntime.sleep(60)\n"
+    )
+    sup = supervisor.Supervisor(ignores_sigterm, 1, env_for=lambda slot: os.environ, stop_timeout=1)
+    threading.Timer(2.0, sup.request_stop).start()
+    started = time.monotonic()
+    assert sup.run() == 1
+    assert time.monotonic() - started < 10
+    assert any("still runs 1 s after SIGTERM: killing it" in line for line in supervisor_lines)
+    assert any(line.endswith("was killed by SIGKILL") for line in supervisor_lines)
