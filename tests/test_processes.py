@@ -202,6 +202,12 @@ def test_a_process_that_dies_at_every_start_is_started_again_ever_more_slowly(
             "error: invalid setting WORKER_PROCESSES: Input should be a valid integer, "
             "unable to parse string as an integer",
         ),
+        (
+            (),
+            {"WORKER_PROCESSES": "2", "WORKER_METRICS_PORT": "65535"},
+            "error: invalid setting WORKER_METRICS_PORT + WORKER_PROCESSES - 1 must be at most "
+            "65535 (worker process k serves metrics on WORKER_METRICS_PORT + k - 1)",
+        ),
     ],
 )
 def test_a_bad_number_of_processes_is_one_line_naming_it(env, tmp_path, args, extra, message):
