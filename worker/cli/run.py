@@ -23,17 +23,10 @@ from pydantic import ValidationError
 
 from worker.cli.errors import CliError, fail
 from worker.cli.session import ensure_schema, settings, url
-from worker.logs import fields
 from worker.settings import Settings
 
 if TYPE_CHECKING:
     from worker.metrics import MetricsServer
-
-# Past the shutdown grace, how long a child may take to write its outcomes and deregister
-# before the supervisor kills it.
-STOP_MARGIN = 30.0
-# How often a supervised child checks that its supervisor still runs (seconds).
-ORPHAN_CHECK = 1.0
 
 
 def run(
@@ -96,7 +89,9 @@ def run(
         if supervisor_pid is None:
             await worker.run()
             return
-        watch = asyncio.create_task(stop_when_orphaned(worker, supervisor_pid))
+        from worker.daemon.supervisor import stop_when_orphaned
+
+        watch = asyncio.create_task(stop_when_orphaned(supervisor_pid, worker.request_stop))
         try:
             await worker.run()
         finally:
@@ -118,7 +113,7 @@ def run(
 def supervise(modules: list[str], s: Settings) -> int:
     """Start `s.processes` children, each this command as one process, and keep them running
     until SIGTERM or Ctrl-C; the exit code of the whole."""
-    from worker.daemon.supervisor import Supervisor
+    from worker.daemon.supervisor import STOP_MARGIN, Supervisor
 
     command = [sys.executable, "-m", "worker", "run", *modules]
     command += ["--supervisor-pid", str(os.getpid())]
@@ -139,19 +134,6 @@ def supervise(modules: list[str], s: Settings) -> int:
     return Supervisor(command, s.processes, env_for=env_for, stop_timeout=stop_timeout).run()
 
 
-async def stop_when_orphaned(worker: Any, supervisor_pid: int) -> None:
-    """Stop the worker, as SIGTERM would, once its supervisor is gone (killed by SIGKILL, say),
-    so that no worker process runs on that nothing supervises."""
-    while os.getppid() == supervisor_pid:
-        await asyncio.sleep(ORPHAN_CHECK)
-    logging.getLogger("worker.supervisor").warning(
-        "the supervisor (pid %d) is gone: stopping",
-        supervisor_pid,
-        extra=fields("supervisor.gone", supervisor_pid=supervisor_pid),
-    )
-    worker.request_stop()
-
-
 def import_task_modules(modules: list[str]) -> None:
     """Import the modules defining tasks, from the current directory too."""
     sys.path.insert(0, os.getcwd())
@@ -165,6 +147,7 @@ def import_task_modules(modules: list[str]) -> None:
 def serve_metrics(worker: Any, database: str, s: Settings) -> MetricsServer:
     """Count the worker's jobs and serve /metrics on WORKER_METRICS_PORT."""
     from worker import metrics
+    from worker.logs import fields
 
     assert s.metrics_port is not None
     metrics.instrument(worker)

@@ -5,7 +5,8 @@ and heartbeat row in `worker.workers`), and then only watches them: a child that
 the supervisor runs is logged (pid, exit code or signal) and started again after a capped,
 doubling delay, so a child that dies at every start does not spin. SIGTERM or SIGINT to the
 supervisor is passed to every child as SIGTERM, and each stops as a lone worker does: running
-jobs get `WORKER_SHUTDOWN_GRACE` to finish, the rest are handed back.
+jobs get `WORKER_SHUTDOWN_GRACE` to finish, the rest are handed back. A child whose supervisor
+is gone (killed by SIGKILL) stops the same way by itself (`stop_when_orphaned`).
 
 What this does not do: it holds no database connection and knows nothing of jobs. A child's
 jobs, when it dies, are rescued by the other workers' rescuers after the lease, as for any
@@ -14,6 +15,7 @@ dead worker; the supervisor only starts a new child in its place.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import signal
@@ -34,6 +36,11 @@ RESTART_FIRST, RESTART_CAP = 0.5, 30.0
 STEADY_SECONDS = 30.0
 # How often the supervisor looks at its children; a signal is acted on at the next look.
 TICK = 0.1
+# Past the shutdown grace, how long a child may take to write its outcomes and deregister
+# before the supervisor kills it.
+STOP_MARGIN = 30.0
+# How often a child checks that its supervisor still runs.
+ORPHAN_CHECK = 1.0
 
 
 def describe_exit(returncode: int) -> str:
@@ -207,3 +214,16 @@ class Supervisor:
             extra=fields("supervisor.stopped", clean=clean),
         )
         return 0 if clean else 1
+
+
+async def stop_when_orphaned(supervisor_pid: int, stop: Callable[[], None]) -> None:
+    """In a child: call `stop` (the worker's, as SIGTERM would) once its supervisor is gone,
+    killed by SIGKILL say, so that no worker process runs on that nothing supervises."""
+    while os.getppid() == supervisor_pid:
+        await asyncio.sleep(ORPHAN_CHECK)
+    log.warning(
+        "the supervisor (pid %d) is gone: stopping",
+        supervisor_pid,
+        extra=fields("supervisor.gone", supervisor_pid=supervisor_pid),
+    )
+    stop()
