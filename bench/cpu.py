@@ -11,7 +11,11 @@ defaults and WARNING logging, until each of its P workers has registered; the cl
 the queue is resumed (which wakes the idle workers at once) and stops when the database shows
 every job completed. Verified: every job completed with no attempt counted twice (a job run a
 second time is one rescued or retried, and either counts an attempt), no error in the log, and
-`worker run` exits 0 on SIGTERM.
+`worker run` exits 0 on SIGTERM. The cores the worker processes used (their CPU time over the
+drain's) are recorded too: the ratio means something only when `--processes 1` used about one
+core. On a machine shared with other logged-in sessions it does not: Linux's autogroup
+scheduler gives each session (the benchmark and every process it starts are one) an equal share
+of the CPUs, however many processes run in it.
 """
 
 from __future__ import annotations
@@ -122,6 +126,7 @@ def measure(server: Server, n: int, procs: int, run: int) -> dict[str, Any]:
                 time.sleep(0.05)
             el = time.perf_counter() - t0
         rec.update(cpu.stop(n))
+        rec["worker_cores"] = round(rec["worker_cpu_ms_per_job"] * n / 1000 / el, 2)
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(timeout=60)
         twice = server.scalar(DB, "SELECT count(*) FROM worker.jobs WHERE retry_count > 0")
