@@ -15,11 +15,13 @@ second time is one rescued or retried, and either counts an attempt), no error i
 drain's) are recorded too: the ratio means something only when `--processes 1` used about one
 core. On a machine shared with other logged-in sessions it does not: Linux's autogroup
 scheduler gives each session (the benchmark and every process it starts are one) an equal share
-of the CPUs, however many processes run in it.
+of the CPUs, however many processes run in it. Beside each drain, `bare` runs the same loops in
+plain processes with no queue: its 2-to-1 ratio is the ceiling of that moment.
 """
 
 from __future__ import annotations
 
+import multiprocessing as mp
 import os
 import signal
 import subprocess
@@ -33,6 +35,7 @@ from typing import Any
 import psycopg
 
 from bench.harness import CpuMeter, Server, postmaster_of
+from bench.libs.durable import VERSION
 from worker import task
 
 DB = "bench_cpu"
@@ -80,7 +83,7 @@ def measure(server: Server, n: int, procs: int, run: int) -> dict[str, Any]:
 
     rec: dict[str, Any] = dict(
         lib="durable",
-        label="durable-worker",
+        label=f"durable-worker {VERSION}",
         workload=f"cpu_{procs}p",
         run=run,
         procs=procs,
@@ -149,6 +152,44 @@ def measure(server: Server, n: int, procs: int, run: int) -> dict[str, Any]:
             proc.wait()
         log_path.unlink(missing_ok=True)
         server.drop(DB)
+    return rec
+
+
+def _spin_many(count: int, ready: Any, go: Any) -> None:
+    ready.release()
+    go.wait()
+    for _ in range(count):
+        spin({})
+
+
+def bare(n: int, procs: int, run: int) -> dict[str, Any]:
+    """The ceiling: the same `n` loops split over `procs` bare processes, no queue at all.
+
+    Their 2-to-1 ratio is what the machine gives two processes at that moment; a shared or
+    throttled machine shows it here first."""
+    rec: dict[str, Any] = dict(
+        lib="bare_processes",
+        label="bare processes",
+        workload=f"cpu_{procs}p",
+        run=run,
+        procs=procs,
+        config=f"the same loop in {procs} plain processes (multiprocessing), no queue",
+    )
+    ctx = mp.get_context("spawn")
+    ready, go = ctx.Semaphore(0), ctx.Event()
+    shares = [n // procs + (1 if k < n % procs else 0) for k in range(procs)]
+    workers = [ctx.Process(target=_spin_many, args=(c, ready, go)) for c in shares]
+    for w in workers:
+        w.start()
+    for _ in workers:
+        ready.acquire()
+    t0 = time.perf_counter()
+    go.set()
+    for w in workers:
+        w.join()
+    el = time.perf_counter() - t0
+    ok = all(w.exitcode == 0 for w in workers)
+    rec.update(value=round(n / el, 1), unit="jobs/s", n=n, elapsed_s=round(el, 3), verified=ok)
     return rec
 
 
