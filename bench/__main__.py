@@ -35,6 +35,7 @@ WORKLOADS = [
     "pipeline",
     "limited",
     "memory",
+    "cpu",
 ]
 PEERS = ["pgqueuer", "procrastinate", "chancy"]
 LIBS = ["durable", *PEERS, "bare"]
@@ -50,6 +51,9 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--history", type=int, default=1_000_000, help="finished rows (bigtable)")
     ap.add_argument(
         "--memory-jobs", type=int, default=100_000, help="jobs drained, first run only (memory)"
+    )
+    ap.add_argument(
+        "--cpu-jobs", type=int, default=5_000, help="CPU-bound jobs per drain (cpu; 5000)"
     )
     ap.add_argument("--out", default="bench/results/latest.md", help="also write the table here")
     ap.add_argument("--keep-server", action="store_true", help="leave the private server up")
@@ -137,6 +141,7 @@ def main() -> None:
     for name in libs:
         if name not in LIBS:
             sys.exit(f"unknown library {name!r}: choose from {', '.join(LIBS)}")
+    from bench import cpu
     from bench.libs import bare, durable
 
     server, owned = start_server(args.keep_server)
@@ -236,6 +241,11 @@ def main() -> None:
                 bench.drain(
                     durable.pipeline_adapter(), run, 1, workload="drain_pipeline", variant="warning"
                 )
+            if ours and "cpu" in only:
+                # Which goes first alternates, so neither always meets the machine as it was.
+                for procs in (1, 2) if run % 2 else (2, 1):
+                    emit(cpu.bare(args.cpu_jobs, procs, run))
+                    emit(cpu.measure(server, args.cpu_jobs, procs, run))
             if ours and "memory" in only and run == 1:  # a flatness check, not a comparison
                 bench.drain(
                     ours,

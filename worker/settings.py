@@ -39,6 +39,7 @@ class Settings(BaseSettings):
     retry_backoff_base: float = Field(default=1.0, ge=0, alias="WORKER_RETRY_BACKOFF_BASE")
     retry_backoff_max: float = Field(default=300.0, ge=0, alias="WORKER_RETRY_BACKOFF_MAX")
     concurrency: int = Field(default=10, ge=1, le=1000, alias="WORKER_CONCURRENCY")
+    processes: int = Field(default=1, ge=1, le=256, alias="WORKER_PROCESSES")
     queues: Annotated[list[str], NoDecode] = Field(default=["default"], alias="WORKER_QUEUES")
     lease_seconds: float = Field(default=15.0, gt=0, alias="WORKER_LEASE_SECONDS")
     shutdown_grace: float = Field(default=10.0, ge=0, alias="WORKER_SHUTDOWN_GRACE")
@@ -96,6 +97,11 @@ class Settings(BaseSettings):
         if self.retry_backoff_base > self.retry_backoff_max:
             raise ValueError(
                 "WORKER_RETRY_BACKOFF_BASE must not be greater than WORKER_RETRY_BACKOFF_MAX"
+            )
+        if self.metrics_port is not None and self.metrics_port + self.processes - 1 > 65535:
+            raise ValueError(
+                "WORKER_METRICS_PORT + WORKER_PROCESSES - 1 must be at most 65535 "
+                "(worker process k serves metrics on WORKER_METRICS_PORT + k - 1)"
             )
         return self
 

@@ -2,7 +2,9 @@
 
 It imports the task modules, waits for the database (or gives up after --connect-timeout),
 checks or applies the schema, serves /metrics when WORKER_METRICS_PORT is set, and runs the
-worker. What this does not do: the claiming, retrying and rescuing are `worker.daemon`'s.
+worker. With `--processes N` (N > 1) it runs no worker itself: after the same checks it
+supervises N children, each this command as one process (`worker.daemon.supervisor`). What
+this does not do: the claiming, retrying and rescuing are `worker.daemon`'s.
 """
 
 from __future__ import annotations
@@ -31,6 +33,13 @@ def run(
     modules: Annotated[list[str], typer.Argument(help="Modules defining your tasks.")],
     queues: Annotated[str | None, typer.Option(help="Comma-separated queues.")] = None,
     concurrency: Annotated[int | None, typer.Option(min=1, help="Jobs at once.")] = None,
+    processes: Annotated[
+        int | None,
+        typer.Option(
+            help="Worker processes to start and keep running (WORKER_PROCESSES, default 1): "
+            "more than one puts CPU-bound sync tasks on more cores.",
+        ),
+    ] = None,
     migrate: Annotated[bool, typer.Option(help="Apply migrations before starting.")] = False,
     connect_timeout: Annotated[
         float | None,
@@ -41,17 +50,18 @@ def run(
             "at start. Default: keep retrying until it answers.",
         ),
     ] = None,
+    supervisor_pid: Annotated[int | None, typer.Option(hidden=True)] = None,
 ) -> None:
     """Run the worker daemon until SIGTERM or Ctrl-C.
 
-    Example: worker run myapp.tasks --queues default,emails --concurrency 20
+    Example: worker run myapp.tasks --queues default,emails --concurrency 20 --processes 2
     """
     from worker.daemon import DutyFailed, Worker
     from worker.daemon.db import DatabaseUnreachable, wait_for_database
     from worker.logs import configure
 
     s = settings()
-    given = {"queues": queues, "concurrency": concurrency}
+    given = {"queues": queues, "concurrency": concurrency, "processes": processes}
     for option, value in given.items():
         if value is not None:  # the settings' own checks: 1 to 1000 slots, a queue at least
             try:
@@ -67,6 +77,8 @@ def run(
     except DatabaseUnreachable as exc:
         raise CliError(str(exc)) from None
     ensure_schema(database, migrate=migrate)
+    if s.processes > 1:
+        raise typer.Exit(supervise(modules, s))
     worker = Worker(database, s)
     server = serve_metrics(worker, database, s) if s.metrics_port is not None else None
 
@@ -74,7 +86,16 @@ def run(
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, worker.request_stop)
-        await worker.run()
+        if supervisor_pid is None:
+            await worker.run()
+            return
+        from worker.daemon.supervisor import stop_when_orphaned
+
+        watch = asyncio.create_task(stop_when_orphaned(supervisor_pid, worker.request_stop))
+        try:
+            await worker.run()
+        finally:
+            watch.cancel()
 
     try:
         asyncio.run(main())
@@ -87,6 +108,30 @@ def run(
         # A sync task ignoring its timeout still runs; its job was handed back already.
         sys.stderr.flush()
         os._exit(0)
+
+
+def supervise(modules: list[str], s: Settings) -> int:
+    """Start `s.processes` children, each this command as one process, and keep them running
+    until SIGTERM or Ctrl-C; the exit code of the whole."""
+    from worker.daemon.supervisor import STOP_MARGIN, Supervisor
+
+    command = [sys.executable, "-m", "worker", "run", *modules]
+    command += ["--supervisor-pid", str(os.getpid())]
+    # The options given here reach the children as settings; the schema is checked already.
+    base = {
+        **os.environ,
+        "WORKER_PROCESSES": "1",
+        "WORKER_QUEUES": ",".join(s.queues),
+        "WORKER_CONCURRENCY": str(s.concurrency),
+    }
+
+    def env_for(slot: int) -> dict[str, str]:
+        if s.metrics_port is None:
+            return base
+        return {**base, "WORKER_METRICS_PORT": str(s.metrics_port + slot - 1)}
+
+    stop_timeout = s.shutdown_grace + STOP_MARGIN
+    return Supervisor(command, s.processes, env_for=env_for, stop_timeout=stop_timeout).run()
 
 
 def import_task_modules(modules: list[str]) -> None:
