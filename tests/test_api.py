@@ -21,12 +21,10 @@ import httpx
 import pytest
 from psycopg import sql as pgsql
 from support import Processes, free_port, query, status_of, wait_for
-from support.api import TOKEN, Sse, sse_messages, start_api
+from support.api import TOKEN, Sse, publish_progress, sse_messages, start_api
 
 from worker import Client
 from worker.api import create_app
-from worker.events import PostgresBus
-from worker.models import ProgressEvent
 
 
 def stored_event_ids(url: str, job_id: str) -> list[int]:
@@ -173,23 +171,6 @@ def test_stream_cut_by_killed_database_connections_resumes_without_gaps(
     assert len(ids) == len(set(ids)), "an event was repeated"
     assert ids == stored_event_ids(database_url, job_id), "an event was missed"
     assert received[-1].data["status"] == "completed"
-
-
-def publish_progress(url: str, job_id: str, i: int) -> None:
-    """One progress event of the job, written through the product's bus as a worker does."""
-
-    async def write() -> None:
-        bus = PostgresBus(url)
-        await bus.start()
-        try:
-            bus.publish(
-                ProgressEvent(job_id=job_id, step="load", status="progress", message={"i": i})
-            )
-            await bus.flush()
-        finally:
-            await bus.aclose()
-
-    asyncio.run(write())
 
 
 def test_streams_after_the_apis_connections_were_cut_get_events_at_once(

@@ -6,6 +6,7 @@ tests assert on what the API answered.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -20,6 +21,8 @@ import httpx
 from support.network import free_port
 from support.processes import Processes
 from support.waiting import wait_for
+from worker.events import PostgresBus
+from worker.models import ProgressEvent
 
 TOKEN = "test-token-3f9a"
 
@@ -111,3 +114,20 @@ def sse_messages(response: httpx.Response) -> Iterator[Sse]:
                 event = value
             elif name == "data":
                 data.append(value)
+
+
+def publish_progress(url: str, job_id: str, i: int) -> None:
+    """One progress event of the job, written through the product's bus as a worker does."""
+
+    async def write() -> None:
+        bus = PostgresBus(url)
+        await bus.start()
+        try:
+            bus.publish(
+                ProgressEvent(job_id=job_id, step="load", status="progress", message={"i": i})
+            )
+            await bus.flush()
+        finally:
+            await bus.aclose()
+
+    asyncio.run(write())
