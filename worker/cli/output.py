@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
+from rich.cells import cell_len
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -106,7 +107,8 @@ class Column:
 
     @property
     def natural(self) -> int:
-        return max(len(self.name), *(len(c) for c in self.cells)) if self.cells else len(self.name)
+        """The width it takes unshortened (in terminal cells: a CJK character takes two)."""
+        return max([cell_len(self.name), *(cell_len(c) for c in self.cells)])
 
 
 GAP = 2  # the space between two columns of a table without borders
