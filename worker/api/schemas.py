@@ -58,7 +58,7 @@ STORABLE_JSON: dict[str, Any] = {
 }
 # The least rate the client takes (`worker.client.queues.limit_params`): a job per 11 days.
 RATE_LEAST = 1e-6
-# The runs of years a due time may fall in (`RUN_AT_YEARS`, 2 to 9998), as the spec says it.
+# The years a due time may fall in (`RUN_AT_YEARS`, 2 to 9998), as a pattern for the spec.
 _RUN_AT_PATTERN = (
     "^(000[2-9]|00[1-9][0-9]|0[1-9][0-9]{2}|[1-8][0-9]{3}|9[0-8][0-9]{2}|99[0-8][0-9]|999[0-8])-"
 )
