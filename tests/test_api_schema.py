@@ -198,6 +198,16 @@ def test_the_spec_states_what_the_database_refuses_and_the_api_refuses_it(edge):
     assert burst_alone.status_code == 422
     limit = schemas["LimitBody"]
     assert limit["if"]["required"] == ["burst"] and limit["then"]["required"] == ["rate"]
+    assert limit["properties"]["rate"]["anyOf"][0]["minimum"] == 1e-6
+    too_slow = edge("POST", "/queues/mail/limit", json={"rate": 1e-7})
+    assert too_slow.status_code == 422 and "rate" in too_slow.json()["error"]
+    (run_at, _) = schemas["EnqueueBody"]["properties"]["run_at"]["anyOf"]
+    years = jsonschema_rs.validator_for(run_at)
+    assert years.is_valid("0002-01-01T00:00:00Z") and years.is_valid("9998-12-31T00:00:00Z")
+    assert not years.is_valid("0001-12-31T00:00:00Z") and not years.is_valid("9999-01-01T00:00:00Z")
+    for year in ("0001", "9999"):
+        late = edge("POST", "/jobs", json={"task": "add", "run_at": f"{year}-06-01T00:00:00Z"})
+        assert late.status_code == 422 and "run_at" in late.json()["error"]
 
 
 def test_every_event_of_a_real_stream_matches_the_event_schema_of_the_spec(edge, database_url):
