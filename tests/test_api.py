@@ -7,6 +7,7 @@ these tests also protect the promise that progress crosses processes.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import select
 import socket
@@ -15,108 +16,15 @@ import sys
 import time
 import uuid
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 from psycopg import sql as pgsql
 from support import Processes, free_port, query, status_of, wait_for
+from support.api import TOKEN, Sse, publish_progress, sse_messages, start_api
 
 from worker import Client
 from worker.api import create_app
-
-TOKEN = "test-token-3f9a"
-
-
-@dataclass
-class Api:
-    """A running `worker api` process and an HTTP client for it."""
-
-    base: str
-    proc: subprocess.Popen[bytes]
-    log_path: Path
-    token: str | None = TOKEN
-
-    def client(self, **kwargs: Any) -> httpx.Client:
-        return httpx.Client(base_url=self.base, timeout=30, **kwargs)
-
-    def auth(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.token}"}
-
-    def log(self) -> str:
-        return self.log_path.read_text()
-
-
-def start_api(
-    env: dict[str, str],
-    processes: Processes,
-    *,
-    token: str | None = TOKEN,
-    host: str = "127.0.0.1",
-    extra: dict[str, str] | None = None,
-) -> Api:
-    """Start `worker api` on a free port; it is killed with the test's other processes."""
-    port = free_port()
-    log_path = processes.tmp_path / f"api-{len(processes.procs)}.log"
-    run_env = {**env, **(extra or {})}
-    if token is not None:
-        run_env["WORKER_API_TOKEN"] = token
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "worker", "api", "--host", host, "--port", str(port)],
-            env=run_env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            cwd=processes.tmp_path,
-            start_new_session=True,
-        )
-    proc.log_path = str(log_path)  # type: ignore[attr-defined]
-    processes.procs.append(proc)
-    api = Api(f"http://127.0.0.1:{port}", proc, log_path, token)
-
-    def answering() -> bool:
-        if proc.poll() is not None:
-            raise AssertionError(f"worker api exited with {proc.returncode}:\n{api.log()}")
-        try:
-            return httpx.get(api.base + "/openapi.json", timeout=2).status_code == 200
-        except httpx.TransportError:
-            return False
-
-    wait_for(answering, timeout=60, interval=0.1, message="the API to answer")
-    return api
-
-
-@dataclass
-class Sse:
-    id: int | None
-    event: str
-    data: Any
-    received: float = field(default_factory=time.monotonic)
-
-
-def sse_messages(response: httpx.Response) -> Iterator[Sse]:
-    """Parse a text/event-stream body as it arrives (comments and `retry:` are skipped)."""
-    event_id: int | None = None
-    event = "message"
-    data: list[str] = []
-    for line in response.iter_lines():
-        if line == "":
-            if data:
-                yield Sse(event_id, event, json.loads("\n".join(data)))
-            event_id, event, data = None, "message", []
-        elif line.startswith(":"):
-            continue
-        else:
-            name, _, value = line.partition(":")
-            value = value.removeprefix(" ")
-            if name == "id":
-                event_id = int(value)
-            elif name == "event":
-                event = value
-            elif name == "data":
-                data.append(value)
 
 
 def stored_event_ids(url: str, job_id: str) -> list[int]:
@@ -227,8 +135,9 @@ def test_reconnect_with_last_event_id_misses_nothing_and_repeats_nothing(
 def test_stream_cut_by_killed_database_connections_resumes_without_gaps(
     env, database_url, processes: Processes
 ):
-    """pg_backend_kill on the API's connections mid-stream: the stream ends early, and a
-    reconnect with Last-Event-ID gets exactly the rest."""
+    """pg_backend_kill on the API's connections mid-stream: the stream goes on (its next read
+    takes a fresh connection) or ends early, and a reconnect with Last-Event-ID gets exactly
+    the rest; either way no event is missed or repeated."""
     api = start_api(env, processes)
     processes.worker(env, "testtasks")
     job_id = Client(database_url).enqueue("watched_export", {"ticks": 15, "tick": 0.3}).job_id
@@ -258,11 +167,50 @@ def test_stream_cut_by_killed_database_connections_resumes_without_gaps(
                             assert killed
             except httpx.RemoteProtocolError:
                 continue  # cut mid-message: resume from the last complete one
-    assert attempts >= 2
     ids = [m.id for m in received if m.event == "message"]
     assert len(ids) == len(set(ids)), "an event was repeated"
     assert ids == stored_event_ids(database_url, job_id), "an event was missed"
     assert received[-1].data["status"] == "completed"
+
+
+def test_streams_after_the_apis_connections_were_cut_get_events_at_once(
+    env, database_url, processes: Processes
+):
+    """Every database session of the API is terminated while it is idle between streams: the
+    next streams read with fresh connections, none closes at once without its events."""
+    api = start_api(env, processes)
+    job_id = Client(database_url).enqueue("add", {"a": 1, "b": 2}).job_id  # no worker: stays
+    publish_progress(database_url, job_id, 0)
+
+    def first_event(http: httpx.Client, after: int) -> Sse:
+        headers = {"Last-Event-ID": str(after)}
+        with http.stream("GET", f"/jobs/{job_id}/events", headers=headers) as response:
+            assert response.status_code == 200, response.read()
+            for message in sse_messages(response):
+                return message
+        raise AssertionError(f"the stream after event {after} closed without an event")
+
+    with api.client() as http:
+        # Several streams at once, so the API's pool of readers holds several connections.
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            seen = list(pool.map(lambda _: first_event(http, 0), range(4)))
+        assert {m.data["message"]["i"] for m in seen} == {0}
+        last = seen[0].id
+        assert last is not None
+        killed = query(
+            database_url,
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid() "
+            "AND backend_type = 'client backend'",
+        )
+        assert len(killed) >= 2  # the readers and the listener at least
+        for i in range(1, 4):
+            publish_progress(database_url, job_id, i)
+            started = time.monotonic()
+            message = first_event(http, last)
+            assert (message.event, message.data["message"]) == ("message", {"i": i})
+            assert time.monotonic() - started < 10  # generous: a stall ends it, not a slow box
+            last = message.id
 
 
 def test_stream_of_a_plain_task_ends_once_the_job_is_finished(

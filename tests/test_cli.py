@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import uuid
@@ -489,3 +490,94 @@ def test_errors_are_one_red_line_with_the_right_exit_code(empty_database_url, en
         assert stderr.count("\n") == 1 and stderr.startswith("error: "), (args, stderr)
         assert message in stderr, (args, stderr)
         assert "s3cret" not in stderr and stdout == ""
+
+
+# -- tables on a standard terminal --------------------------------------------------------------
+
+LONG_TASK = "reports.monthly.generate_invoice_batch_for_region"
+
+
+def at_80_columns(env: dict[str, str], *commands: str) -> dict[str, str]:
+    """Each `worker <command>`'s stdout on an 80-column terminal, the processes run at once."""
+    procs = {
+        command: subprocess.Popen(
+            [sys.executable, "-m", "worker", command],
+            env={**env, "COLUMNS": "80"},
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for command in commands
+    }
+    outputs = {}
+    for command, proc in procs.items():
+        stdout, stderr = proc.communicate(timeout=120)
+        assert proc.returncode == 0, (command, stderr)
+        outputs[command] = stdout
+    return outputs
+
+
+def table_rows(text: str, key: str) -> list[dict[str, str]]:
+    """The rows of a table as printed: each column read under its header, a wrapped cell's
+    lines joined (a line whose `key` column is empty continues the row above)."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    header = lines[0]
+    found = list(re.finditer(r"\S+", header))
+    names = [m.group() for m in found]
+    starts = [m.start() for m in found]
+    rows: list[dict[str, str]] = []
+    for line in lines[1:]:
+        if not line.startswith(" ") and line.split()[0] in ("page", "ids"):
+            break  # the footer
+        cells = {
+            name: line[start : starts[i + 1] if i + 1 < len(names) else None].strip()
+            for i, (name, start) in enumerate(zip(names, starts, strict=True))
+        }
+        if cells[key]:
+            rows.append(cells)
+        else:
+            for name, cell in cells.items():
+                rows[-1][name] += cell
+    return rows
+
+
+def test_tables_fit_80_columns_shortening_ids_never_the_task_or_the_status(database_url, env):
+    url = database_url
+    statuses = ["pending", "processing", "completed", "failed", "cancelled", "paused"]
+    made = {
+        insert_job(
+            url, task=LONG_TASK, queue="billing-eu-west", status=status, error="E: x" * 30
+        ): status
+        for status in statuses
+    }
+    made[insert_job(url, task="resize", queue="images")] = "pending"
+    host = "ip-10-0-12-34.eu-west-1.compute.internal"
+    insert_worker(url, hostname=host, pid=4242, concurrency=8)
+    Client(url).pause_queue("billing-eu-west")
+
+    printed = at_80_columns(env, "jobs", "queues", "stats", "workers")
+
+    for command, text in printed.items():
+        widest = max(len(line.rstrip()) for line in text.splitlines())
+        assert widest <= 80, (command, text)
+    jobs = table_rows(printed["jobs"], "id")
+    assert len(jobs) == len(made)
+    for row in jobs:
+        (job_id,) = [i for i in made if i.endswith(row["id"].removeprefix("…"))]
+        assert row["id"].startswith("…") and len(row["id"]) >= 9
+        assert row["status"] == made[job_id]
+        assert row["task"] == (LONG_TASK if row["task"] != "resize" else "resize")
+    assert sorted(row["task"] for row in jobs).count(LONG_TASK) == len(statuses)
+    assert "--json shows them whole" in printed["jobs"]
+
+    queues = {row["queue"]: row for row in table_rows(printed["queues"], "queue")}
+    assert queues["billing-eu-west"]["state"] == "paused"
+    assert queues["billing-eu-west"]["pending"] == "1"
+    stats = {row["queue"]: row for row in table_rows(printed["stats"], "queue")}
+    assert stats["billing-eu-west"]["processing"] == "1" and stats["images"]["pending"] == "1"
+    assert "…" not in printed["stats"].splitlines()[0]  # every header whole
+    (worker_row,) = table_rows(printed["workers"], "id")
+    assert worker_row["pid"] == "4242" and worker_row["jobs"] == "0/8"
+    assert worker_row["state"] in ("alive", "late")  # whole, whichever the lease says
+    assert host.startswith(worker_row["host"].removesuffix("…"))

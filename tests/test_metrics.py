@@ -5,11 +5,13 @@ from __future__ import annotations
 import asyncio
 import socket
 import urllib.request
+import uuid
 from typing import Any
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 from support import Processes, free_port, query, wait_for
+from support.api import start_api
 
 from worker import Client, metrics
 
@@ -145,3 +147,53 @@ def test_metrics_report_an_unreachable_database_instead_of_failing():
     m = parse(get(metrics.asgi_app("postgresql://nobody@127.0.0.1:9/none"), "/").text)
     assert value(m, "durable_worker_database_up") == 0
     assert not [name for name, _ in m if name == "durable_worker_jobs"]
+
+
+def test_made_up_task_names_add_no_series_and_no_counter_has_a_created_series(
+    env, database_url, processes: Processes
+):
+    """Anyone who may enqueue can name any task: those this worker has not registered are all
+    counted under one label, so three such POSTs leave the set of series as it was."""
+    port = free_port()
+    processes.worker(env, "testtasks", extra={"WORKER_METRICS_PORT": str(port)})
+    api = start_api(env, processes)
+
+    def post_made_up_tasks(n: int) -> None:
+        with api.client(headers=api.auth()) as http:
+            for _ in range(n):
+                task = f"made_up_{uuid.uuid4().hex}"
+                assert http.post("/jobs", json={"task": task}).status_code == 201
+
+    other = {"queue": "default", "task": metrics.UNREGISTERED_TASK}
+
+    def scrape_after(failed: int) -> Samples:
+        found = wait_for(
+            lambda: (
+                (s := scrape(port))
+                and value(s, "durable_worker_jobs_failed_total", **other) == failed
+                and value(s, "durable_worker_jobs", queue="default", status="processing") == 0
+                and value(s, "durable_worker_jobs", queue="default", status="pending") == 0
+                and s
+            ),
+            timeout=30,
+            message=f"{failed} unregistered jobs failed, none left, in the metrics",
+        )
+        assert isinstance(found, dict)
+        return found
+
+    assert Client(database_url).enqueue("add", {"a": 1, "b": 1}).wait_sync(timeout=30) == 2
+    post_made_up_tasks(1)  # the first one brings the label every later one shares
+    before = scrape_after(1)
+    post_made_up_tasks(3)
+    after = scrape_after(4)
+
+    assert set(after) == set(before)
+    assert value(after, "durable_worker_jobs_claimed_total") == 5
+    assert value(after, "durable_worker_job_duration_seconds_count", **other) == 4
+    assert value(after, "durable_worker_jobs_completed_total", queue="default", task="add") == 1
+    tasks = {dict(labels).get("task") for _, labels in after} - {None}
+    assert tasks == {"add", metrics.UNREGISTERED_TASK}
+    with api.client() as http:
+        served_by_api = parse(http.get("/metrics").text)
+    for samples in (after, served_by_api):
+        assert samples and not [name for name, _ in samples if name.endswith("_created")]

@@ -9,11 +9,15 @@ Two places serve them:
   jobs, so its job counters stay empty).
 
 The database series are the same whichever process serves them; with several workers, take
-`max by (queue, status)` rather than `sum`. Counting reads only live rows and the last hour
-(the `worker.queue_stats` view), never the finished history, so a scrape stays cheap on a
-table with millions of finished jobs. Terminal statuses have no gauge for that reason: count
-them with the `..._total` counters. What this does not do: it keeps no history and raises
-no alert; Prometheus does both.
+`max by (queue, status)` rather than `sum`. A worker's `task` label names only the tasks it
+has registered (its `worker.tasks.REGISTRY`); a job naming any other task, as anyone who can
+enqueue may write, is counted under `task="(unregistered)"`, so made-up names add no series.
+No counter has a `_created` series (the `prometheus_client` setting is turned off on import).
+
+Counting reads only live rows and the last hour (the `worker.queue_stats` view), never the
+finished history, so a scrape stays cheap on a table with millions of finished jobs. Terminal
+statuses have no gauge for that reason: count them with the `..._total` counters. What this
+does not do: it keeps no history and raises no alert; Prometheus does both.
 
     from worker import metrics
     app.add_route("/metrics", metrics.asgi_app(database_url))      # Starlette
@@ -24,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Container, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from wsgiref.simple_server import WSGIServer
@@ -36,6 +40,7 @@ from prometheus_client import (
     CollectorRegistry,
     Counter,
     Histogram,
+    disable_created_metrics,
     generate_latest,
     start_http_server,
 )
@@ -56,6 +61,11 @@ CLAIM_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5
 # Terminal statuses have no gauge: counting them would read the finished history.
 LIVE_STATUSES = (JobStatus.PENDING, JobStatus.PROCESSING, JobStatus.PAUSED)
 SCRAPE_TIMEOUT_MS = 5000
+# The `task` label of a job whose task this worker has not registered.
+UNREGISTERED_TASK = "(unregistered)"
+
+# Each `_created` series doubles a counter's series for a timestamp Prometheus does not need.
+disable_created_metrics()  # type: ignore[no-untyped-call]
 
 
 @dataclass(frozen=True)
@@ -158,7 +168,11 @@ class WorkerMetrics:
     event loop, never a query.
     """
 
-    def __init__(self, registry: CollectorRegistry = REGISTRY) -> None:
+    def __init__(
+        self, registry: CollectorRegistry = REGISTRY, known_tasks: Container[str] = ()
+    ) -> None:
+        # The label values a job row may bring: only registered tasks get one of their own.
+        self.known_tasks = known_tasks
         labels = ["queue", "task"]
         self.completed = Counter(
             f"{PREFIX}_jobs_completed", "Jobs completed by this worker.", labels, registry=registry
@@ -195,12 +209,13 @@ class WorkerMetrics:
     def recorded(self, rows: list[RecordedOutcome]) -> None:
         """The `Worker.on_recorded` hook: the outcomes just written."""
         for row in rows:
+            task = row.task if row.task in self.known_tasks else UNREGISTERED_TASK
             if row.duration is not None:
-                self.duration.labels(row.queue, row.task).observe(row.duration)
+                self.duration.labels(row.queue, task).observe(row.duration)
             if row.status == JobStatus.COMPLETED:
-                self.completed.labels(row.queue, row.task).inc()
+                self.completed.labels(row.queue, task).inc()
             elif row.status == JobStatus.FAILED:
-                self.failed.labels(row.queue, row.task).inc()
+                self.failed.labels(row.queue, task).inc()
 
 
 _instrumented: WorkerMetrics | None = None
@@ -215,7 +230,7 @@ def instrument(worker: Any) -> WorkerMetrics:
     global _instrumented
     with _lock:
         if _instrumented is None:
-            _instrumented = WorkerMetrics()
+            _instrumented = WorkerMetrics(known_tasks=worker.registry)
         metrics = _instrumented
     worker.on_claim = metrics.claimed_jobs
     worker.on_recorded = metrics.recorded

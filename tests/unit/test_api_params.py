@@ -5,9 +5,12 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from starlette.requests import Request
 
 from worker.api.params import (
+    CURSOR_PATTERN,
     MAX_EVENT_ID,
     ApiError,
     decode_cursor,
@@ -34,7 +37,16 @@ def test_a_cursor_carries_the_keyset_of_the_last_job_unchanged() -> None:
     assert decode_cursor(cursor) == (AT, JOB)
 
 
-@pytest.mark.parametrize("cursor", ["nope", "!!!", encode_cursor(AT, "42"), "MjAyNi0xMS0zMA"])
+@given(st.from_regex(CURSOR_PATTERN, fullmatch=True))
+def test_every_cursor_of_the_form_the_spec_declares_is_a_place_in_the_list(cursor: str) -> None:
+    at, last_id = decode_cursor(cursor)
+    micros, hex_id = cursor.split("-")
+    assert encode_cursor(at, last_id) == f"{int(micros)}-{hex_id}"
+
+
+@pytest.mark.parametrize(
+    "cursor", ["", "nope", "!!!", encode_cursor(AT, "42"), "MjAyNi0xMS0zMA", "1-" + "0" * 31]
+)
 def test_a_cursor_that_no_page_gave_is_a_422(cursor: str) -> None:
     with pytest.raises(ApiError) as refused:
         decode_cursor(cursor)
@@ -42,16 +54,21 @@ def test_a_cursor_that_no_page_gave_is_a_422(cursor: str) -> None:
     assert "invalid cursor" in refused.value.message
 
 
-def test_an_integer_parameter_is_bounded_and_absent_when_empty() -> None:
+def test_an_integer_parameter_is_bounded_and_none_only_when_absent() -> None:
     assert int_param(None, "limit", 1, 500) is None
-    assert int_param("", "limit", 1, 500) is None
     assert int_param("50", "limit", 1, 500) == 50
     assert int_param(str(MAX_EVENT_ID), "after", 0, MAX_EVENT_ID) == MAX_EVENT_ID
 
 
 @pytest.mark.parametrize(
     ("value", "words"),
-    [("0", "must be from 1 to 500, not 0"), ("501", "not 501"), ("ten", "is not an integer")],
+    [
+        ("0", "must be from 1 to 500, not 0"),
+        ("501", "not 501"),
+        ("ten", "is not an integer"),
+        ("", "is not an integer"),  # an empty value is no integer, as the spec says
+        ("1_0", "is not an integer"),
+    ],
 )
 def test_an_integer_out_of_bounds_or_not_one_is_a_422_naming_it(value: str, words: str) -> None:
     with pytest.raises(ApiError) as refused:

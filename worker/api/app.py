@@ -82,6 +82,9 @@ from worker.metrics import asgi_app
 from worker.models import JobStatus
 from worker.schema import STATUSES
 
+# What `_Api.body` returns for a request without one (a JSON `null` is a body).
+_EMPTY: Any = object()
+
 # The page may use inline script and style, and nothing from anywhere else.
 _CSP = (
     "default-src 'self'; script-src 'self' 'unsafe-inline'; style-src 'self' 'unsafe-inline'; "
@@ -156,7 +159,8 @@ class _Api:
             raise ApiError(403, "wrong bearer token")
 
     async def body(self, request: Request) -> Any:
-        """The request's JSON body (None when empty), refused with a 413 past the limit."""
+        """The request's JSON body (`_EMPTY` when there is none), refused with a 413 past the
+        limit."""
         too_large = ApiError(
             413,
             f"the body is larger than {self.max_body_bytes} bytes "
@@ -175,7 +179,7 @@ class _Api:
             chunks.append(chunk)
         raw = b"".join(chunks)
         if not raw.strip():
-            return None
+            return _EMPTY
         if "content-type" not in request.headers:
             raise ApiError(415, "the body must be JSON, sent with Content-Type: application/json")
         if len(raw) > PARSE_INLINE_BYTES:
@@ -257,12 +261,12 @@ class _Api:
         unknown = set(q) - {"status", "queue", "task", "limit", "cursor"}
         if unknown:
             raise ApiError(422, f"unknown query parameter: {', '.join(sorted(unknown))}")
-        status = q.get("status") or None
+        status = q.get("status")
         if status is not None and status not in STATUSES:
             raise ApiError(422, f"invalid status: {status[:40]!r}; one of {', '.join(STATUSES)}")
         limit = int_param(q.get("limit"), "limit", 1, MAX_PAGE) or DEFAULT_PAGE
         before_at, before_id = (None, None)
-        if q.get("cursor"):
+        if "cursor" in q:
             before_at, before_id = decode_cursor(q["cursor"])
         where = admin.JobFilter(
             status=JobStatus(status) if status is not None else None,
@@ -279,10 +283,25 @@ class _Api:
             cursor = encode_cursor(jobs[-1].created_at, jobs[-1].id)
         return json_response(JobPage(jobs=jobs, next_cursor=cursor))
 
+    async def jobs(self, request: Request) -> Response:
+        """`/jobs`: one route for both verbs, so a 405 (or `OPTIONS`) lists them both."""
+        if request.method == "POST":
+            return await self.enqueue(request)
+        return await self.list_jobs(request)
+
+    async def object_body(self, request: Request) -> dict[str, Any] | None:
+        """A body that must be a JSON object when there is one (None: no body)."""
+        raw = await self.body(request)
+        if raw is _EMPTY:
+            return None
+        if not isinstance(raw, dict):
+            raise ApiError(422, "invalid body: expected a JSON object")
+        return raw
+
     async def enqueue(self, request: Request) -> Response:
         self.guard(request)
-        body = await self.body(request)
-        if not isinstance(body, dict):
+        body = await self.object_body(request)
+        if body is None:
             raise ApiError(422, "invalid body: expected a JSON object with at least a task")
         try:
             spec = EnqueueBody.model_validate_json(json.dumps(body))
@@ -324,7 +343,7 @@ class _Api:
     async def resume(self, request: Request) -> Response:
         self.guard(request)
         job_id = path_job_id(request)
-        body = await self.body(request)
+        body = await self.object_body(request)
         try:
             answer = ResumeBody.model_validate(
                 body if body is not None else {},
@@ -374,7 +393,7 @@ class _Api:
     ) -> Response:
         """A `POST /queues/{name}/...`: the queue's state after `change(name, body)`."""
         self.guard(request)
-        body = await self.body(request)
+        body = await self.object_body(request)
         try:
             state = await change(request.path_params["name"], body)
         except InvalidJob as exc:
@@ -383,9 +402,10 @@ class _Api:
 
     async def events(self, request: Request) -> Response:
         job_id = path_job_id(request)
-        after = int_param(request.headers.get("last-event-id"), "Last-Event-ID", 0, MAX_EVENT_ID)
-        if after is None:
-            after = int_param(request.query_params.get("after"), "after", 0, MAX_EVENT_ID)
+        # Both are checked when both are sent: a bad one is refused even where the other counts.
+        header = int_param(request.headers.get("last-event-id"), "Last-Event-ID", 0, MAX_EVENT_ID)
+        query = int_param(request.query_params.get("after"), "after", 0, MAX_EVENT_ID)
+        after = header if header is not None else query
         if await self.status_of(job_id) is None:
             raise ApiError(404, f"no job {job_id}")
         return StreamingResponse(
@@ -426,8 +446,7 @@ def create_app(url: str, token: str | None = None, *, bus: ProgressBus | None = 
         Route("/stats", api.stats, methods=["GET"]),
         # Read like the other GETs: open, whether or not the API has a token.
         Route("/metrics", asgi_app(url), methods=["GET"]),
-        Route("/jobs", api.list_jobs, methods=["GET"]),
-        Route("/jobs", api.enqueue, methods=["POST"]),
+        Route("/jobs", api.jobs, methods=["GET", "POST"]),
         Route("/jobs/{id}", api.get_job, methods=["GET"]),
         Route("/jobs/{id}/events", api.events, methods=["GET"]),
         Route("/jobs/{id}/cancel", api.cancel, methods=["POST"]),

@@ -12,7 +12,12 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from worker.api.params import CURSOR_PATTERN, MAX_EVENT_ID, MAX_PAGE
 from worker.api.schemas import (
+    NO_NUL,
+    STORABLE,
+    STORABLE_JSON,
+    STORABLE_REF,
     ActionOut,
     EnqueueBody,
     ErrorOut,
@@ -24,7 +29,9 @@ from worker.api.schemas import (
     QueueOut,
     ResumeBody,
     Stats,
+    StreamEnd,
 )
+from worker.models import ProgressEvent
 from worker.schema import STATUSES
 
 _REF = "#/components/schemas/{model}"
@@ -37,6 +44,7 @@ class Operation:
     summary: str
     response: type[BaseModel] | str | None  # a model, or a media type for non-JSON answers
     status: int = 200
+    also: dict[int, str] = field(default_factory=dict)  # other successes, with the same body
     body: type[BaseModel] | None = None
     body_required: bool = True
     parameters: list[dict[str, Any]] = field(default_factory=list)
@@ -70,7 +78,13 @@ def _job_action(
     )
 
 
-_QUEUE_NAME = {"name": "name", "in": "path", "required": True, "schema": {"type": "string"}}
+_QUEUE_NAME = {
+    "name": "name",
+    "in": "path",
+    "required": True,
+    "schema": {"type": "string", "minLength": 1, "maxLength": 255, "pattern": NO_NUL},
+}
+_EVENT_ID = {"type": "integer", "minimum": 0, "maximum": MAX_EVENT_ID}
 
 
 def _queue_action(verb: str, summary: str, **more: Any) -> Operation:
@@ -116,18 +130,19 @@ OPERATIONS = [
         JobPage,
         parameters=[
             {"name": "status", "in": "query", "schema": {"type": "string", "enum": list(STATUSES)}},
-            {"name": "queue", "in": "query", "schema": {"type": "string"}},
-            {"name": "task", "in": "query", "schema": {"type": "string"}},
+            {"name": "queue", "in": "query", "schema": {"type": "string", "pattern": NO_NUL}},
+            {"name": "task", "in": "query", "schema": {"type": "string", "pattern": NO_NUL}},
             {
                 "name": "limit",
                 "in": "query",
-                "schema": {"type": "integer", "minimum": 1, "maximum": 500, "default": 50},
+                "schema": {"type": "integer", "minimum": 1, "maximum": MAX_PAGE, "default": 50},
             },
             {
                 "name": "cursor",
                 "in": "query",
-                "description": "`next_cursor` of the previous page.",
-                "schema": {"type": "string"},
+                "description": "`next_cursor` of the previous page (any cursor of this form is "
+                "a place in the list: the page holds the jobs created before it).",
+                "schema": {"type": "string", "pattern": CURSOR_PATTERN},
             },
         ],
         errors={422: "A bad filter, limit or cursor.", **_UNAVAILABLE},
@@ -138,6 +153,7 @@ OPERATIONS = [
         "Enqueue a job",
         JobOut,
         status=201,
+        also={200: "A live job holds the unique key: that job, with `duplicate` true."},
         body=EnqueueBody,
         errors={422: "The body is not a valid job (the reason is given).", **_UNAVAILABLE},
         mutates=True,
@@ -161,16 +177,17 @@ OPERATIONS = [
                 "name": "Last-Event-ID",
                 "in": "header",
                 "description": "Resume after this event id (sent by EventSource on reconnect).",
-                "schema": {"type": "integer", "minimum": 0},
+                "schema": _EVENT_ID,
             },
             {
                 "name": "after",
                 "in": "query",
-                "description": "Like Last-Event-ID, for clients that cannot set headers.",
-                "schema": {"type": "integer", "minimum": 0},
+                "description": "Like Last-Event-ID, for clients that cannot set headers; when "
+                "both are sent, both must be valid and Last-Event-ID counts.",
+                "schema": _EVENT_ID,
             },
         ],
-        errors={404: "No such job.", 422: "A bad Last-Event-ID.", **_UNAVAILABLE},
+        errors={404: "No such job.", 422: "A bad Last-Event-ID or after.", **_UNAVAILABLE},
     ),
     _job_action(
         "cancel",
@@ -210,11 +227,58 @@ OPERATIONS = [
 ]
 
 
+def _linked(schema: Any) -> Any:
+    """`schema` with each `STORABLE` mark made a reference to the `StorableJson` component."""
+    if schema == STORABLE:
+        return {"$ref": STORABLE_REF}
+    if isinstance(schema, dict):
+        return {key: _linked(value) for key, value in schema.items()}
+    if isinstance(schema, list):
+        return [_linked(item) for item in schema]
+    return schema
+
+
 def _schema(model: type[BaseModel], components: dict[str, Any], mode: str) -> dict[str, Any]:
-    schema = model.model_json_schema(ref_template=_REF, mode=mode)  # type: ignore[arg-type]
+    schema = _linked(model.model_json_schema(ref_template=_REF, mode=mode))  # type: ignore[arg-type]
     components.update(schema.pop("$defs", {}))
     components[model.__name__] = schema
     return {"$ref": _REF.format(model=model.__name__)}
+
+
+def _event_stream(components: dict[str, Any]) -> dict[str, Any]:
+    """The SSE answer. OpenAPI 3.1 has no item schema for a stream, so `schema` describes one
+    event (as OpenAPI 3.2 does for `text/event-stream` without `itemSchema`): its `id`, its
+    `event` type and its `data`, whose JSON `contentSchema` gives."""
+    progress = _schema(ProgressEvent, components, "serialization")
+    end = _schema(StreamEnd, components, "serialization")
+
+    def data(schema: dict[str, Any]) -> dict[str, Any]:
+        return {"type": "string", "contentMediaType": "application/json", "contentSchema": schema}
+
+    return {
+        "schema": {
+            "description": "One event of the stream (after a `retry:` line): each progress "
+            "event with its bus id, oldest first; comment lines (`: keepalive`) while idle; "
+            "last, once the job has ended, an `end` event without an id, after which the "
+            "client should not reconnect.",
+            "oneOf": [
+                {
+                    "type": "object",
+                    "required": ["id", "data"],
+                    "properties": {
+                        "event": {"const": "message"},
+                        "id": {"type": "string", "pattern": "^[0-9]{1,19}$"},
+                        "data": data(progress),
+                    },
+                },
+                {
+                    "type": "object",
+                    "required": ["event", "data"],
+                    "properties": {"event": {"const": "end"}, "data": data(end)},
+                },
+            ],
+        }
+    }
 
 
 def _operation_id(op: Operation) -> str:
@@ -224,12 +288,14 @@ def _operation_id(op: Operation) -> str:
 
 def build_spec(version: str) -> dict[str, Any]:
     """The spec served at `/openapi.json`."""
-    components: dict[str, Any] = {}
+    components: dict[str, Any] = {"StorableJson": STORABLE_JSON}
     error_ref = _schema(ErrorOut, components, "serialization")
     paths: dict[str, dict[str, Any]] = {}
     for op in OPERATIONS:
         if op.response is None:
             content: dict[str, Any] = {}
+        elif op.response == "text/event-stream":
+            content = {op.response: _event_stream(components)}
         elif isinstance(op.response, str):
             content = {op.response: {"schema": {"type": "string"}}}
         else:
@@ -237,6 +303,8 @@ def build_spec(version: str) -> dict[str, Any]:
                 "application/json": {"schema": _schema(op.response, components, "serialization")}
             }
         responses: dict[str, Any] = {str(op.status): {"description": "OK", "content": content}}
+        for code, text in op.also.items():
+            responses[str(code)] = {"description": text, "content": content}
         errors = dict(op.errors)
         if op.mutates:
             errors[401] = "No bearer token given (WORKER_API_TOKEN is set)."

@@ -16,6 +16,7 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationInfo,
+    WithJsonSchema,
     field_validator,
 )
 
@@ -34,6 +35,40 @@ from worker.schema import MAX_TASK_NAME, PRIORITY_RANGE
 # The bounds of what the columns hold, the client's own (`worker.client.validation`), checked
 # here too so that a request is refused naming its field before anything reaches the database.
 MAX_DELAY_SECONDS = MAX_DELAY.total_seconds()
+# What the spec says of every text the database stores: no NUL (PostgreSQL text holds none).
+NO_NUL = "^[^\u0000]*$"
+# Any JSON value `jsonb` stores, declared once in the spec's components: `openapi.py` turns
+# each `STORABLE` mark into a reference to it (pydantic resolves a `$ref` of its own at once).
+STORABLE_REF = "#/components/schemas/StorableJson"
+STORABLE: dict[str, Any] = {"x-storable-json": True}
+STORABLE_JSON: dict[str, Any] = {
+    "description": "Any JSON value whose strings and keys hold no NUL (jsonb stores none).",
+    "anyOf": [
+        {"type": "string", "pattern": NO_NUL},
+        {"type": "number"},
+        {"type": "boolean"},
+        {"type": "null"},
+        {"type": "array", "items": {"$ref": STORABLE_REF}},
+        {
+            "type": "object",
+            "propertyNames": {"pattern": NO_NUL},
+            "additionalProperties": {"$ref": STORABLE_REF},
+        },
+    ],
+}
+# The least rate the client takes (`worker.client.queues.limit_params`): a job per 11 days.
+RATE_LEAST = 1e-6
+# The years a due time may fall in (`RUN_AT_YEARS`, 2 to 9998), as a pattern for the spec.
+_RUN_AT_PATTERN = (
+    "^(000[2-9]|00[1-9][0-9]|0[1-9][0-9]{2}|[1-8][0-9]{3}|9[0-8][0-9]{2}|99[0-8][0-9]|999[0-8])-"
+)
+
+
+def _integral(cls: type[BaseModel], value: Any) -> Any:
+    """JSON does not tell 3 from 3.0, and JSON Schema counts both as integers; so do we."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
 
 
 def _storable_name(value: str) -> str:
@@ -50,7 +85,17 @@ def _due_time(value: datetime) -> datetime:
     return value
 
 
-Name = Annotated[str, AfterValidator(_storable_name)]
+Name = Annotated[str, AfterValidator(_storable_name), Field(json_schema_extra={"pattern": NO_NUL})]
+StorableObject = Annotated[
+    dict[str, Any],
+    WithJsonSchema(
+        {
+            "type": "object",
+            "propertyNames": {"pattern": NO_NUL},
+            "additionalProperties": STORABLE,
+        }
+    ),
+]
 
 
 class EnqueueBody(BaseModel):
@@ -59,7 +104,7 @@ class EnqueueBody(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
     task: Name = Field(min_length=1, max_length=MAX_TASK_NAME, examples=["send_email"])
-    payload: dict[str, Any] = Field(default_factory=dict, examples=[{"to": "ada@example.com"}])
+    payload: StorableObject = Field(default_factory=dict, examples=[{"to": "ada@example.com"}])
     queue: Name = Field(default="default", min_length=1, max_length=255)
     priority: int = Field(default=0, ge=PRIORITY_RANGE[0], le=PRIORITY_RANGE[1])
     delay: float = Field(
@@ -69,7 +114,14 @@ class EnqueueBody(BaseModel):
         allow_inf_nan=False,
         description="Seconds before the job may run (at most 100 years).",
     )
-    run_at: Annotated[AwareDatetime, AfterValidator(_due_time)] | None = Field(
+    run_at: (
+        Annotated[
+            AwareDatetime,
+            AfterValidator(_due_time),
+            Field(json_schema_extra={"pattern": _RUN_AT_PATTERN}),
+        ]
+        | None
+    ) = Field(
         default=None,
         description=(
             f"When the job may run (ISO 8601 with a time zone, years {RUN_AT_YEARS[0]} to "
@@ -96,6 +148,8 @@ class EnqueueBody(BaseModel):
         description="Jobs sharing this key run at most their task's concurrency at once.",
     )
 
+    _integral = field_validator("priority", "max_retries", mode="before")(_integral)
+
 
 class ResumeBody(BaseModel):
     """`POST /jobs/{id}/resume`: the answer to the paused job's question (any JSON that
@@ -103,7 +157,7 @@ class ResumeBody(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    answer: Any = None
+    answer: Annotated[Any, WithJsonSchema(STORABLE)] = None
 
     @field_validator("answer")
     @classmethod
@@ -254,11 +308,21 @@ class QueueList(BaseModel):
 class LimitBody(BaseModel):
     """`POST /queues/{name}/limit`: the queue's limits; one left out (or null) is lifted."""
 
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(
+        extra="forbid",
+        strict=True,
+        # A burst is how many jobs the rate lets start at once: it needs a rate.
+        json_schema_extra={
+            "if": {"required": ["burst"], "properties": {"burst": {"type": "number"}}},
+            "then": {"required": ["rate"], "properties": {"rate": {"type": "number"}}},
+        },
+    )
 
     concurrency: int | None = Field(default=None, ge=1, le=2**31 - 1)
-    rate: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    rate: float | None = Field(default=None, ge=RATE_LEAST, allow_inf_nan=False)
     burst: float | None = Field(default=None, ge=1, allow_inf_nan=False)
+
+    _integral = field_validator("concurrency", mode="before")(_integral)
 
 
 class Health(BaseModel):
@@ -271,3 +335,10 @@ class ErrorOut(BaseModel):
 
     error: str
     detail: list[dict[str, Any]] | None = None
+
+
+class StreamEnd(BaseModel):
+    """The `end` event closing a job's stream: its final status (null: the job was deleted)."""
+
+    job_id: str
+    status: JobStatus | None

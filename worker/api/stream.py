@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
+from worker.api.schemas import StreamEnd
 from worker.events import ProgressBus
 from worker.models import TERMINAL_STATUSES, JobStatus, ProgressEvent
 
@@ -49,7 +49,7 @@ def format_event(event: ProgressEvent) -> str:
 
 
 def format_end(job_id: str, status: JobStatus | None) -> str:
-    body = json.dumps({"job_id": job_id, "status": None if status is None else str(status)})
+    body = StreamEnd(job_id=job_id, status=status).model_dump_json()
     return f"event: end\ndata: {body}\n\n"
 
 

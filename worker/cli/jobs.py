@@ -16,7 +16,19 @@ from rich.text import Text
 
 from worker.cli.errors import fail
 from worker.cli.options import AsJson, JobId, Retryable, parse_age, parse_job_id, parse_json
-from worker.cli.output import ago, emit_json, out, progress, span, styled, summary
+from worker.cli.output import (
+    Column,
+    Fit,
+    ago,
+    emit_json,
+    fitted,
+    out,
+    progress,
+    span,
+    status_style,
+    styled,
+    summary,
+)
 from worker.cli.session import ask, client, settings
 from worker.db import admin
 from worker.models import JobStatus
@@ -262,26 +274,29 @@ def jobs(
 
 
 def _print_jobs(rows: list[admin.JobRow]) -> None:
-    """One line per job: the error's first line gets the width the other columns leave."""
-    columns = {
-        "id": [str(row.id) for row in rows],
-        "task": [row.task for row in rows],
-        "queue": [row.queue for row in rows],
-        "status": [str(row.status) for row in rows],
-        "retries": [str(row.retry_count) for row in rows],
-        "created": [ago(row.created_at) for row in rows],
-    }
-    widths = [max(len(name), *(len(c) for c in cells)) for name, cells in columns.items()]
-    room = out.width - sum(widths) - 2 * len(widths)
-    table = Table(box=None, pad_edge=False, header_style="bold")
-    for name in columns:
-        table.add_column(name, no_wrap=True)
-    if room >= 12:
-        table.add_column("error", no_wrap=True)
-    for i, row in enumerate(rows):
-        cells: list[str | Text] = [columns[name][i] for name in columns]
-        cells[3] = styled(row.status)
-        if room >= 12:
-            cells.append(Text(summary(row.error, room), style="red"))
-        table.add_row(*cells)
+    """One line per job: the error's first line gets the width the other columns leave; on a
+    narrow terminal the ids shorten first, and the task and the status are never cut."""
+    table, shortened = fitted(
+        [
+            Column("id", [str(row.id) for row in rows], Fit.TAIL, least=9),
+            Column("task", [row.task for row in rows], Fit.WRAP, least=12),
+            Column("queue", [row.queue for row in rows], Fit.CUT, least=8),
+            Column(
+                "status",
+                [str(row.status) for row in rows],
+                styles=[status_style(row.status) for row in rows],
+            ),
+            Column("retries", [str(row.retry_count) for row in rows]),
+            Column("created", [ago(row.created_at) for row in rows]),
+            Column(
+                "error",
+                [summary(row.error, 200) for row in rows],
+                Fit.DROP,
+                least=12,
+                styles=["red"] * len(rows),
+            ),
+        ]
+    )
     out.print(table)
+    if shortened:
+        out.print("ids shortened to their last characters: --json shows them whole", style="dim")

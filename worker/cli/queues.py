@@ -12,11 +12,10 @@ from dataclasses import asdict
 from typing import Annotated
 
 import typer
-from rich.table import Table
 
 from worker.cli.errors import friendly
 from worker.cli.options import AsJson
-from worker.cli.output import emit_json, out
+from worker.cli.output import Column, Fit, emit_json, fitted, out
 from worker.cli.session import client
 from worker.client.queues import QueueState
 
@@ -52,15 +51,15 @@ def queues(as_json: AsJson = False) -> None:
     if not states:
         out.print("no queue has live jobs, and none is paused or limited")
         return
-    table = Table("queue", "state", "limits", "pending", "processing", box=None, pad_edge=False)
-    for state in states:
-        table.add_row(
-            state.name,
-            "paused" if state.paused else "running",
-            _limits(state),
-            str(state.pending),
-            str(state.processing),
-        )
+    table, _ = fitted(
+        [
+            Column("queue", [state.name for state in states], Fit.WRAP, least=12),
+            Column("state", ["paused" if state.paused else "running" for state in states]),
+            Column("limits", [_limits(state) for state in states], Fit.WRAP, least=12),
+            Column("pending", [str(state.pending) for state in states]),
+            Column("processing", [str(state.processing) for state in states]),
+        ]
+    )
     out.print(table)
 
 

@@ -10,22 +10,16 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
-from rich.table import Table
-
 from worker.cli.options import AsJson
-from worker.cli.output import emit_json, out, span
+from worker.cli.output import Column, Fit, emit_json, fitted, out, span
 from worker.cli.session import ask, settings
 from worker.db import admin
-
-
-def _table(*columns: str) -> Table:
-    return Table(*columns, box=None, pad_edge=False, header_style="bold")
 
 
 def stats(as_json: AsJson = False) -> None:
     """Per queue: pending, processing, paused, failed (1 h), oldest wait, throughput (1 min).
 
-    Pending counts jobs due later too ("of which later"); the oldest wait is how long the
+    Pending counts jobs due later too (`later` says how many); the oldest wait is how long the
     oldest due job has waited; throughput is jobs completed in the last minute. Reads the
     `worker.queue_stats` view (live jobs and the last hour only), so it stays fast however
     many finished jobs the table holds.
@@ -39,27 +33,28 @@ def stats(as_json: AsJson = False) -> None:
     if not rows:
         out.print("no jobs pending, running or paused, and none finished in the last hour")
         return
-    table = _table(
-        "queue",
-        "pending",
-        "of which later",
-        "processing",
-        "paused",
-        "failed (1h)",
-        "oldest wait",
-        "done/min",
+    table, _ = fitted(
+        [
+            Column("queue", [row.queue for row in rows], Fit.WRAP, least=12),
+            Column("pending", [str(row.pending) for row in rows]),
+            Column("later", [str(row.scheduled) for row in rows]),
+            Column("processing", [str(row.processing) for row in rows]),
+            Column("paused", [str(row.paused) for row in rows]),
+            Column(
+                "failed 1h",
+                [str(row.failed_last_hour) for row in rows],
+                styles=["red" if row.failed_last_hour else "" for row in rows],
+            ),
+            Column(
+                "oldest",
+                [
+                    span(row.oldest_pending_seconds) if row.pending > row.scheduled else "-"
+                    for row in rows
+                ],
+            ),
+            Column("done/min", [str(row.completed_last_minute) for row in rows]),
+        ]
     )
-    for row in rows:
-        table.add_row(
-            row.queue,
-            str(row.pending),
-            str(row.scheduled),
-            str(row.processing),
-            str(row.paused),
-            f"[red]{row.failed_last_hour}[/]" if row.failed_last_hour else "0",
-            span(row.oldest_pending_seconds) if row.pending > row.scheduled else "-",
-            str(row.completed_last_minute),
-        )
     out.print(table)
 
 
@@ -79,19 +74,25 @@ def workers(as_json: AsJson = False) -> None:
     if not rows:
         out.print("no workers registered")
         return
-    table = _table("id", "host", "pid", "queues", "heartbeat", "state", "jobs")
-    table.columns[0].no_wrap = True
-    for row in rows:
-        table.add_row(
-            str(row.id),
-            row.hostname,
-            str(row.pid),
-            ",".join(row.queues),
-            f"{span(row.heartbeat_age)} ago",
-            "[green]alive[/]" if row.heartbeat_age <= lease else "[red]late[/]",
-            f"{len(row.jobs)}/{row.concurrency}",
-        )
+    alive = [row.heartbeat_age <= lease for row in rows]
+    table, shortened = fitted(
+        [
+            Column("id", [str(row.id) for row in rows], Fit.TAIL, least=9),
+            Column("host", [row.hostname for row in rows], Fit.CUT, least=10),
+            Column("pid", [str(row.pid) for row in rows]),
+            Column("queues", [",".join(row.queues) for row in rows], Fit.WRAP, least=10),
+            Column("heartbeat", [f"{span(row.heartbeat_age)} ago" for row in rows]),
+            Column(
+                "state",
+                ["alive" if ok else "late" for ok in alive],
+                styles=["green" if ok else "red" for ok in alive],
+            ),
+            Column("jobs", [f"{len(row.jobs)}/{row.concurrency}" for row in rows]),
+        ]
+    )
     out.print(table)
+    if shortened:
+        out.print("ids shortened to their last characters: --json shows them whole", style="dim")
 
 
 def _worker_json(row: admin.WorkerRow, lease: float) -> dict[str, Any]:

@@ -84,14 +84,18 @@ def async_pool(
     timeout: float,
     reconnect_timeout: float,
     configure: Callable[[psycopg.AsyncConnection[Any]], Awaitable[None]] | None = None,
+    check: bool = False,
 ) -> AsyncConnectionPool[Any]:
-    """An autocommit pool, not opened yet (`await pool.open()`); `name` names its sessions."""
+    """An autocommit pool, not opened yet (`await pool.open()`); `name` names its sessions.
+    `check`: each connection is tried (one round trip) before it is handed out, so one the
+    server dropped while idle is replaced rather than failing its caller."""
     return AsyncConnectionPool(
         url,
         min_size=min_size,
         max_size=max_size,
         kwargs={"autocommit": True, **connect_options(url, name)},
         configure=configure,
+        check=AsyncConnectionPool.check_connection if check else None,
         open=False,
         timeout=timeout,
         reconnect_timeout=reconnect_timeout,

@@ -416,6 +416,8 @@ class PostgresDriver:
                 max_size=self._events_readers_size,
                 timeout=10.0,
                 reconnect_timeout=float("inf"),
+                # Readers idle between streams: one cut meanwhile must not end the next stream.
+                check=True,
             )
             await self._events_readers.open(wait=False)
         async with self._events_readers.connection() as conn:
