@@ -23,20 +23,10 @@ from pathlib import Path
 
 from support.db import query
 from support.network import free_port
+from support.servers import set_conf
 from worker.db.embedded import DATABASE, LocalPostgres
 
 STANDBY_NAME = "standby"
-
-
-def _set_conf(server: LocalPostgres, **settings: str) -> None:
-    """Set lines of the server's `worker.conf` (read at its next start)."""
-    conf = server.data_dir / "worker.conf"
-    keep = [
-        line
-        for line in conf.read_text().splitlines()
-        if line.split("=", 1)[0].strip() not in settings
-    ]
-    conf.write_text("\n".join([*keep, *(f"{k} = {v}" for k, v in settings.items())]) + "\n")
 
 
 class ReplicatedPair:
@@ -57,7 +47,7 @@ class ReplicatedPair:
         primary = LocalPostgres(root / "primary", durable=False, prefer_system=True)
         primary.start()
         # What the test checks rests on an acknowledged commit being on the standby too.
-        _set_conf(
+        set_conf(
             primary,
             synchronous_commit="on",
             synchronous_standby_names=f"'{STANDBY_NAME}'",
@@ -86,7 +76,7 @@ class ReplicatedPair:
         )
         standby = LocalPostgres(standby_dir, durable=False, prefer_system=True)
         # Once promoted it has no standby of its own: its commits must not wait for one.
-        _set_conf(
+        set_conf(
             standby,
             port=str(free_port()),
             cluster_name=f"'{STANDBY_NAME}'",
