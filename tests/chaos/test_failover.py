@@ -13,12 +13,12 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import psycopg
 import pytest
 from support import query
 from support.replication import ReplicatedPair
+from support.servers import server_root
 
 from chaos.harness import (
     enqueue_workload,
@@ -35,17 +35,16 @@ pytestmark = pytest.mark.chaos
 
 
 @pytest.fixture
-def replicated(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReplicatedPair]:
+def replicated() -> Iterator[ReplicatedPair]:
     """A migrated, audited primary with its synchronous standby; both destroyed at the end."""
-    root = tmp_path_factory.mktemp("failover")
-    root.chmod(0o755)
-    pair = ReplicatedPair.start(Path(root))
-    try:
-        migrate.upgrade(pair.primary_url)
-        install_audit(pair.primary_url)
-        yield pair
-    finally:
-        pair.destroy()
+    with server_root("dw-failover-") as root:
+        pair = ReplicatedPair.start(root)
+        try:
+            migrate.upgrade(pair.primary_url)
+            install_audit(pair.primary_url)
+            yield pair
+        finally:
+            pair.destroy()
 
 
 class Producer:

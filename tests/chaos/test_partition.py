@@ -15,13 +15,12 @@ import subprocess
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 from support import Processes, query
 from support.netns import Namespace, unavailable_reason
 from support.processes import QUICK
-from support.servers import set_conf, trust_clients
+from support.servers import server_root, set_conf, trust_clients
 
 from chaos.harness import (
     enqueue_workload,
@@ -59,12 +58,10 @@ class Partitionable:
 
 
 @pytest.fixture
-def partitionable(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Partitionable]:
+def partitionable() -> Iterator[Partitionable]:
     if reason := unavailable_reason():
         pytest.skip(f"a network partition needs a network namespace: {reason}")
-    root = Path(tmp_path_factory.mktemp("partition"))
-    root.chmod(0o755)
-    with Namespace.create() as ns:
+    with server_root("dw-partition-") as root, Namespace.create() as ns:
         server = LocalPostgres(root / "pg", durable=False, prefer_system=True)
         try:
             server.start()

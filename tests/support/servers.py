@@ -1,9 +1,27 @@
-"""Changes to a test's own `LocalPostgres` that only a scenario needs: settings, and who may
-connect. Both take effect at the server's next start (or reload, for `pg_hba.conf`)."""
+"""What a scenario with servers of its own needs: a folder for them, their settings, and who
+may connect. Settings take effect at the server's next start (or reload, for `pg_hba.conf`)."""
 
 from __future__ import annotations
 
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
 from worker.db.embedded import LocalPostgres
+
+
+@contextmanager
+def server_root(prefix: str) -> Iterator[Path]:
+    """A folder the server's account can reach, removed afterwards. Not under pytest's
+    temporary folder: every pytest run on the machine resets that one to mode 0700."""
+    root = Path(tempfile.mkdtemp(prefix=prefix))
+    root.chmod(0o755)
+    try:
+        yield root
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def set_conf(server: LocalPostgres, **settings: str) -> None:
