@@ -28,7 +28,7 @@ from chaos.harness import (
     wait_all_finished,
     wait_until,
 )
-from worker import Client
+from worker import Client, Job
 from worker.db import migrate
 
 pytestmark = pytest.mark.chaos
@@ -47,26 +47,44 @@ def replicated() -> Iterator[ReplicatedPair]:
             pair.destroy()
 
 
+# The producer's jobs wait this long before they run, so that an enqueue retried after the
+# failover still finds the job a failed call may have committed, and its unique key holds.
+PRODUCED_DELAY = 8.0
+
+
 class Producer:
-    """Enqueues `chaos_sync` jobs in a loop through the client, keeping what each call said:
-    the ids it was given, and the errors it raised."""
+    """Enqueues `chaos_sync` jobs in a loop through the client, each with a unique key of its
+    own, keeping what each call said: the ids it was given, and the errors it raised."""
 
     def __init__(self, url: str) -> None:
         self.client = Client(url)
         self.acknowledged: list[tuple[float, str]] = []
         self.errors: list[tuple[float, BaseException]] = []
+        self.failed_keys: list[str] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
+    def enqueue(self, key: str) -> Job:
+        return self.client.enqueue(
+            "chaos_sync", {"sleep": 0.02}, unique_key=key, delay=PRODUCED_DELAY
+        )
+
     def _run(self) -> None:
+        n = 0
         while not self._stop.is_set():
+            n += 1
             try:
-                job = self.client.enqueue("chaos_sync", {"sleep": 0.02})
+                job = self.enqueue(f"produced-{n}")
                 self.acknowledged.append((time.monotonic(), str(job.id)))
             except Exception as exc:  # every failure is what the test counts
                 self.errors.append((time.monotonic(), exc))
+                self.failed_keys.append(f"produced-{n}")
                 self._stop.wait(0.05)
             self._stop.wait(0.01)
+
+    def retry_failed(self) -> int:
+        """Enqueue each failed key again; how many of them the first call had committed."""
+        return sum(self.enqueue(key).duplicate for key in self.failed_keys)
 
     def __enter__(self) -> Producer:
         self._thread.start()
@@ -75,6 +93,8 @@ class Producer:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join(timeout=30)
+
+    def close(self) -> None:
         self.client.close()
 
     def acknowledged_since(self, moment: float) -> int:
@@ -110,10 +130,26 @@ def test_primary_crash_and_promotion_lose_no_acknowledged_job(replicated, fleet)
             "the producer's enqueues to go through again",
         )
 
+        # What a client does with an enqueue that failed in the failover: the same call again,
+        # with the same unique key, at once.
+        failed_yet_committed = producer.retry_failed()
+    producer.close()
+    # The workload (no unique key) is done with no wait of the producer's delay in the figure.
+    wait_until(
+        lambda: (
+            query(
+                pair.standby_url,
+                "SELECT count(*) FROM worker.jobs WHERE unique_key IS NULL AND status = 'completed'",
+            )[0][0]
+            >= jobs
+        ),
+        240,
+        "the workload to finish",
+    )
+    all_done_at = time.monotonic()
     acknowledged = [job_id for _, job_id in producer.acknowledged]
     total = int(query(pair.standby_url, "SELECT count(*) FROM worker.jobs")[0][0])
     wait_all_finished(pair.standby_url, total, timeout=240)
-    all_done_at = time.monotonic()
     report = verify(pair.standby_url, "failover", time.monotonic() - started)
 
     # Every acknowledged enqueue is a job on the new primary, and (by `verify`) completed.
@@ -124,6 +160,15 @@ def test_primary_crash_and_promotion_lose_no_acknowledged_job(replicated, fleet)
         (acknowledged,),
     )[0]
     assert missing == 0, f"{missing} acknowledged jobs are missing on the new primary"
+
+    # Each call the producer made, failed or not, is one job: a failed call retried with its
+    # unique key was either inserted then or found as the job the failed call had committed.
+    ((keys, rows),) = query(
+        pair.standby_url,
+        "SELECT count(DISTINCT unique_key), count(*) FROM worker.jobs WHERE unique_key IS NOT NULL",
+    )
+    calls = len(acknowledged) + len(producer.failed_keys)
+    assert (keys, rows) == (calls, calls), (keys, rows, calls)
 
     # The enqueues made while no server took writes failed loudly, as connection errors.
     during = [exc for at, exc in producer.errors if killed_at <= at <= promoted_at + 5]
@@ -137,7 +182,7 @@ def test_primary_crash_and_promotion_lose_no_acknowledged_job(replicated, fleet)
         "failed_enqueues": len(producer.errors),
         # A failed call whose commit reached the standby before the crash: why to retry with
         # a unique_key.
-        "failed_yet_committed": total - jobs - len(acknowledged),
+        "failed_yet_committed": failed_yet_committed,
         "read_only_s": round(promoted_at - killed_at, 2),
         "kill_to_first_completion_s": round(promoted_at - killed_at + first_completion, 2),
         "kill_to_all_done_s": round(all_done_at - killed_at, 2),
