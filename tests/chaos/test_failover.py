@@ -139,7 +139,8 @@ def test_primary_crash_and_promotion_lose_no_acknowledged_job(replicated, fleet)
         lambda: (
             query(
                 pair.standby_url,
-                "SELECT count(*) FROM worker.jobs WHERE unique_key IS NULL AND status = 'completed'",
+                "SELECT count(*) FROM worker.jobs "
+                "WHERE unique_key IS NULL AND status = 'completed'",
             )[0][0]
             >= jobs
         ),
