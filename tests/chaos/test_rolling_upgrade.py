@@ -58,16 +58,15 @@ def git(*args: str) -> str:
 
 def previous_release() -> tuple[str, str] | None:
     """The commit before the newest migration was added, and that migration's file name;
-    None without git history."""
-    try:
-        git("rev-parse", "--verify", "HEAD")
-    except (OSError, subprocess.CalledProcessError):
-        return None
+    None without git history (no git, not a checkout, or a shallow one that lacks it)."""
     newest = max(p.name for p in VERSIONS.glob("[0-9]*.py"))
     path = f"migrations/versions/{newest}"
-    added = git("log", "--diff-filter=A", "--format=%H", "-1", "--", path)
-    # A migration not committed yet is new against HEAD itself.
-    before = git("rev-parse", f"{added}^") if added else git("rev-parse", "HEAD")
+    try:
+        added = git("log", "--diff-filter=A", "--format=%H", "-1", "--", path)
+        # A migration not committed yet is new against HEAD itself.
+        before = git("rev-parse", "--verify", f"{added}^" if added else "HEAD")
+    except (OSError, subprocess.CalledProcessError):
+        return None
     return before, newest
 
 
