@@ -49,12 +49,32 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--runs", type=int, default=2)
     ap.add_argument("--out", default="bench/results/big_history.md")
     ap.add_argument("--keep-server", action="store_true")
+    ap.add_argument(
+        "--keep-template", action="store_true", help="keep the history for the next run"
+    )
     return ap.parse_args()
 
 
 def build_template(server: Server, rows: int, oldest: int) -> datetime:
     """The history: `oldest` finished rows, then the rest a moment later; returns the time
-    before which retention deletes exactly the first ones."""
+    before which retention deletes exactly the first ones. A template kept from an earlier
+    run with the same sizes is used as it is."""
+    marker = f"{rows} finished rows, the oldest {oldest} first"
+    kept = server.query(
+        "postgres",
+        "SELECT shobj_description(oid, 'pg_database') FROM pg_database WHERE datname = %s",
+        (TEMPLATE,),
+    )
+    if not (kept and kept[0][0] == marker):
+        fill(server, rows, oldest)
+        server.query("postgres", f"COMMENT ON DATABASE {TEMPLATE} IS '{marker}'")
+    ((before,),) = server.query(
+        TEMPLATE, "SELECT min(finished_at) + interval '1 millisecond' FROM worker.jobs"
+    )
+    return before  # type: ignore[no-any-return]
+
+
+def fill(server: Server, rows: int, oldest: int) -> None:
     started = time.perf_counter()
     server.reset(TEMPLATE)
     harness.arun(durable.install(server.dsn(TEMPLATE)))
@@ -64,14 +84,9 @@ def build_template(server: Server, rows: int, oldest: int) -> datetime:
     server.query(TEMPLATE, durable.FILL_FINISHED, {"n": rows - oldest})
     server.query(TEMPLATE, "VACUUM ANALYZE")
     server.query(TEMPLATE, "CHECKPOINT")
-    ((before,),) = server.query(
-        TEMPLATE, "SELECT min(finished_at) + interval '1 millisecond' FROM worker.jobs"
-    )
     size = server.scalar(TEMPLATE, "SELECT pg_size_pretty(pg_database_size(current_database()))")
-    print(
-        f"# {rows:,} finished rows, {size} ({time.perf_counter() - started:.0f} s)", file=sys.stderr
-    )
-    return before  # type: ignore[no-any-return]
+    took = time.perf_counter() - started
+    print(f"# {rows:,} finished rows, {size} ({took:.0f} s)", file=sys.stderr)
 
 
 class Retention(threading.Thread):
@@ -143,7 +158,10 @@ def main() -> None:
         for run in range(1, args.runs + 1):
             plain = bench.drain(durable.adapter(), run, 1, variant="warning")
             big = durable.adapter()
+            # Both counts read only the drained jobs (by jobs_created_idx): a scan of the whole
+            # history in the clock's last poll would be the harness's cost, not the drain's.
             big.succeeded_sql += RECENT
+            big.unfinished_sql += RECENT
             history = bench.drain(
                 big, run, 1, workload="drain_history", variant="warning", template=TEMPLATE
             )
@@ -164,6 +182,7 @@ def main() -> None:
                     "plain": plain.get("value"),
                     "history": history.get("value"),
                     "history_retention": pruning.get("value"),
+                    "exec_only": [r.get("exec_only_jobs_per_s") for r in (plain, history, pruning)],
                     "verified": all(r.get("verified") for r in (plain, history, pruning)),
                     "pruned": retention.deleted,
                     "prune_rows_per_s": round(retention.deleted / retention.seconds)
@@ -177,7 +196,8 @@ def main() -> None:
         out.with_suffix(".jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     finally:
         server.drop("bench_durable")
-        server.drop(TEMPLATE)
+        if not args.keep_template:
+            server.drop(TEMPLATE)
         if owned is not None:
             owned.stop()
 
@@ -192,6 +212,15 @@ def report(args: argparse.Namespace, info: dict[str, Any], rows: list[dict[str, 
         "(jobs/s) | x history | rows retention deleted during it | retention rows/s | checked |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
+    executed = [
+        "",
+        "The same drains timed to the last job executed (as the workers report it), not to the "
+        "database showing them all completed:",
+        "",
+        "| run | empty table (jobs/s) | with history (jobs/s) | x empty | history + retention "
+        "(jobs/s) | x history |",
+        "|---|---|---|---|---|---|",
+    ]
     for r in rows:
         ratio = r["history"] / r["plain"] if r["plain"] and r["history"] else None
         cost = (
@@ -204,7 +233,12 @@ def report(args: argparse.Namespace, info: dict[str, Any], rows: list[dict[str, 
             f"{ratio:.2f}x | {r['history_retention']:,.0f} | {cost:.2f}x | {r['pruned']:,} | "
             f"{r['prune_rows_per_s'] or '-'} | {'yes' if r['verified'] else 'NO'} |"
         )
-    return "\n".join(lines) + "\n"
+        plain, history, pruning = r["exec_only"]
+        executed.append(
+            f"| {r['run']} | {plain:,.0f} | {history:,.0f} | {history / plain:.2f}x | "
+            f"{pruning:,.0f} | {pruning / history:.2f}x |"
+        )
+    return "\n".join(lines + executed) + "\n"
 
 
 if __name__ == "__main__":
