@@ -165,6 +165,8 @@ def main() -> None:
             history = bench.drain(
                 big, run, 1, workload="drain_history", variant="warning", template=TEMPLATE
             )
+            # Gone first, so retention waits for the drain's own copy, not the last one's jobs.
+            server.drop(bench.db(big))
             retention = Retention(server.dsn(bench.db(big)), before, args.prune)
             retention.start()
             pruning = bench.drain(
