@@ -56,11 +56,13 @@ class Processes:
         *modules: str,
         extra: dict[str, str] | None = None,
         args: tuple[str, ...] = (),
+        prefix: tuple[str, ...] = (),
     ) -> subprocess.Popen[bytes]:
-        """Start `worker run <modules>`, its output going to a log file of its own."""
+        """Start `worker run <modules>`, its output going to a log file of its own; `prefix`
+        is a command that runs it (`ip netns exec NS`)."""
         log = open(self.tmp_path / f"worker-{len(self.procs)}.log", "wb")  # noqa: SIM115
         proc = subprocess.Popen(
-            [sys.executable, "-m", "worker", "run", *modules, *args],
+            [*prefix, sys.executable, "-m", "worker", "run", *modules, *args],
             env={**env, **(extra or {})},
             stdout=log,
             stderr=subprocess.STDOUT,
