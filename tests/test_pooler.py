@@ -7,6 +7,7 @@ Every test here runs real `worker run` processes through a real PgBouncer (see
 
 from __future__ import annotations
 
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,7 +15,7 @@ from pathlib import Path
 import psycopg
 import pytest
 from support import Processes, effects, query, wait_for, wait_for_status
-from support.pooler import MISSING, PGBOUNCER, PgBouncer
+from support.pooler import MISSING, PGBOUNCER, PgBouncer, fleet_command
 
 from worker import Client, JobStatus
 from worker.db.connect import PoolerMismatch
@@ -35,17 +36,23 @@ def bouncer(database_url: str, tmp_path: Path) -> Iterator[PgBouncer]:
 
 
 @pytest.fixture
-def pooled_client(bouncer: PgBouncer, monkeypatch: pytest.MonkeyPatch) -> Iterator[Client]:
-    """A client of this process through the pooler, with `DATABASE_POOLER=transaction`."""
+def pooled_settings(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """This process's settings say `DATABASE_POOLER=transaction`, with no listen URL."""
     monkeypatch.setenv("DATABASE_POOLER", "transaction")
     monkeypatch.delenv("WORKER_LISTEN_URL", raising=False)
     get_settings.cache_clear()
+    yield
+    get_settings.cache_clear()  # the next test reads its own settings
+
+
+@pytest.fixture
+def pooled_client(bouncer: PgBouncer, pooled_settings: None) -> Iterator[Client]:
+    """A client of this process through the pooler."""
     client = Client(bouncer.url)
     try:
         yield client
     finally:
         client.close()
-        get_settings.cache_clear()  # the next test reads its own settings
 
 
 def pooled_env(env: dict[str, str], bouncer: PgBouncer, **settings: str) -> dict[str, str]:
@@ -72,11 +79,11 @@ def ran_once(url: str, ids: list[str]) -> list[str]:
     return [job_id for job_id in ids if effects(url, job_id) != ["effect"]]
 
 
-def stop(processes: Processes) -> None:
+def stop(processes: Processes, timeout: float = 20) -> None:
     for proc in processes.procs:
         proc.terminate()
     for proc in processes.procs:
-        assert proc.wait(20) == 0, processes.log(proc)
+        assert proc.wait(timeout) == 0, processes.log(proc)
 
 
 def test_workers_and_a_client_behind_pgbouncer_run_every_job_once_by_polling(
@@ -90,6 +97,7 @@ def test_workers_and_a_client_behind_pgbouncer_run_every_job_once_by_polling(
     wait_for(lambda: completed(database_url) == 200, timeout=60, message="200 jobs completed")
     assert ran_once(database_url, [f"{k}{i}" for k in "km" for i in range(100)]) == []
     assert pooled_client.get(ids[0]).status is JobStatus.COMPLETED
+    assert pooled_client.enqueue("add", {"a": 2, "b": 3}).wait_sync(timeout=30) == 5
     stop(processes)
     for proc in processes.procs:
         log = processes.log(proc)
@@ -145,6 +153,60 @@ def test_with_a_listen_url_an_idle_worker_behind_pgbouncer_is_woken_by_notificat
         "AND application_name = 'durable-worker-listener'",
     )
     assert listening == [(1,)]
+
+
+@pytest.mark.chaos
+def test_forty_worker_processes_share_twenty_server_sessions_and_run_every_job_once(
+    env, database_url, tmp_path, pooled_settings, processes
+):
+    with PgBouncer(database_url, tmp_path, pool_size=20) as twenty:
+        # A long lease: 40 processes starting on a small machine must not miss heartbeats.
+        settings = {"WORKER_CONCURRENCY": "2", "WORKER_LEASE_SECONDS": "60"}
+        log = open(tmp_path / "fleet.log", "wb")  # noqa: SIM115 - the fleet's, read below
+        fleet = subprocess.Popen(
+            fleet_command(40, "testtasks"),
+            env=pooled_env(env, twenty, **settings),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=tmp_path,
+            start_new_session=True,
+        )
+        fleet.log_path = log.name  # type: ignore[attr-defined]
+        processes.procs.append(fleet)  # killed with its workers if the test fails
+        wait_for(
+            lambda: query(database_url, "SELECT count(*) FROM worker.workers") == [(40,)],
+            timeout=120,
+            message="40 workers registered",
+        )
+        client = Client(twenty.url)
+        try:
+            client.enqueue_many([("effect", {"key": f"j{i}"}) for i in range(400)])
+        finally:
+            client.close()
+        sessions, waited = [], []
+
+        def drained() -> bool:
+            sessions.append(server_sessions(database_url))
+            waited.extend(float(p["maxwait"]) for p in twenty.stats("SHOW POOLS"))
+            return completed(database_url) == 400
+
+        wait_for(drained, timeout=120, interval=0.2, message="400 jobs completed")
+        assert ran_once(database_url, [f"j{i}" for i in range(400)]) == []
+        assert max(sessions) <= 20
+        assert max(waited) < 5  # no client waited long for a server session
+        stop(processes, timeout=90)
+        assert "Traceback" not in processes.log(fleet)
+        assert processes.log(fleet).count(" started: queues default") == 40
+
+
+def server_sessions(url: str) -> int:
+    """Sessions on the test's database other than this one: PgBouncer's server sessions."""
+    rows = query(
+        url,
+        "SELECT count(*) FROM pg_stat_activity "
+        "WHERE datname = current_database() AND pid <> pg_backend_pid()",
+    )
+    return int(rows[0][0])
 
 
 def test_a_worker_behind_an_undeclared_transaction_pooler_refuses_to_start_in_one_line(

@@ -5,7 +5,9 @@
 
 Every database name is passed through to the same name on the test server, so `bouncer.url`
 is `database_url` with PgBouncer's port. `bouncer.stats()` reads PgBouncer's own counters
-from its admin console; `bouncer.log()` is what it logged.
+from its admin console; `bouncer.log()` is what it logged. `FLEET` starts many `worker run`
+processes forked from one that imported the package once, as many hosts would run them,
+without paying the imports once per process on a small machine.
 
 What this does not do: it does not install PgBouncer; `PGBOUNCER` is None where the binary is
 absent, and the tests that need it skip saying so (CI installs it).
@@ -17,6 +19,7 @@ import os
 import pwd
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -129,3 +132,35 @@ def _unprivileged() -> str:
         except KeyError:
             continue
     raise RuntimeError("no unprivileged account to run pgbouncer as")
+
+
+# `python -c FLEET n module`: `n` processes of `worker run module`, each its own worker,
+# forked after the imports; exits 0 once every one of them exited 0 (SIGTERM stops them all).
+FLEET = """
+import os, signal, sys
+from worker.cli import main
+import testtasks  # noqa: F401
+count, module = int(sys.argv[1]), sys.argv[2]
+children = []
+for _ in range(count):
+    pid = os.fork()
+    if pid == 0:
+        sys.argv, code = ["worker", "run", module], 1
+        try:
+            main()
+            code = 0
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+        finally:
+            sys.stdout.flush()
+            os._exit(code)
+    children.append(pid)
+signal.signal(signal.SIGTERM, lambda *_: [os.kill(c, signal.SIGTERM) for c in children])
+codes = [os.waitstatus_to_exitcode(os.waitpid(c, 0)[1]) for c in children]
+sys.exit(1 if any(codes) else 0)
+"""
+
+
+def fleet_command(count: int, module: str) -> list[str]:
+    """The command that runs `count` worker processes of `module` (see `FLEET`)."""
+    return [sys.executable, "-c", FLEET, str(count), module]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import doctest
 import subprocess
 import sys
 
@@ -9,6 +10,7 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict
 from sqlalchemy.engine import make_url
 
+from worker.db import url as urls
 from worker.db.connect import connect_options, listen_url, pooled
 from worker.db.url import sqlalchemy_url
 from worker.settings import Pooler, Settings, get_settings
@@ -136,3 +138,7 @@ def test_notifications_come_from_the_listen_url_or_not_at_all_behind_a_pooler(po
     assert listen_url(url) is None
     pooler_settings(DATABASE_POOLER="transaction", WORKER_LISTEN_URL=direct)
     assert listen_url(url) == direct
+
+
+def test_the_examples_in_the_url_module_hold():
+    assert doctest.testmod(urls).failed == 0
