@@ -137,10 +137,10 @@ def _unprivileged() -> str:
 # `python -c FLEET n module`: `n` processes of `worker run module`, each its own worker,
 # forked after the imports; exits 0 once every one of them exited 0 (SIGTERM stops them all).
 FLEET = """
-import os, signal, sys
+import importlib, os, signal, sys
 from worker.cli import main
-import testtasks  # noqa: F401
 count, module = int(sys.argv[1]), sys.argv[2]
+importlib.import_module(module)
 children = []
 for _ in range(count):
     pid = os.fork()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import doctest
+import logging
 import subprocess
 import sys
 
@@ -12,6 +13,7 @@ from sqlalchemy.engine import make_url
 
 from worker.db import url as urls
 from worker.db.connect import connect_options, listen_url, pooled
+from worker.db.notifier import Notifier
 from worker.db.url import sqlalchemy_url
 from worker.settings import Pooler, Settings, get_settings
 
@@ -142,3 +144,18 @@ def test_notifications_come_from_the_listen_url_or_not_at_all_behind_a_pooler(po
 
 def test_the_examples_in_the_url_module_hold():
     assert doctest.testmod(urls).failed == 0
+
+
+def test_behind_a_pooler_without_listen_url_subscriptions_are_ready_at_once_and_never_block(
+    pooler_settings, caplog
+):
+    pooler_settings(DATABASE_POOLER="transaction")
+    listener = Notifier("postgresql://app@pooler:6432/app", "test-listener")
+    with caplog.at_level(logging.INFO, logger="worker.notifier"):
+        for _ in range(100_000):  # more than a pipe holds, were each close to poke the thread
+            sub = listener.subscribe("worker_done", lambda payload: None)
+            assert sub.ready.is_set()
+            sub.close()
+    assert listener._thread is None  # nothing listens through the pooler
+    said = [r.getMessage() for r in caplog.records if r.name == "worker.notifier"]
+    assert len(said) == 1 and said[0].startswith("no notifications behind a transaction pooler")

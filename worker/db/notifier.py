@@ -154,6 +154,8 @@ class Notifier:
         self._poke()
 
     def _poke(self) -> None:
+        if self.listen_url is None:  # no thread ever reads the pipe: a write would fill it
+            return
         with contextlib.suppress(BlockingIOError):
             os.write(self._wake_w, b"x")
 
