@@ -8,13 +8,14 @@ Every test here runs real `worker run` processes through a real PgBouncer (see
 from __future__ import annotations
 
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
 import pytest
-from support import Processes, effects, query, wait_for, wait_for_status
+from support import Processes, effects, query, wait_for, wait_for_status, worker_env
 from support.pooler import MISSING, PGBOUNCER, PgBouncer, fleet_command
 
 from worker import Client, JobStatus
@@ -122,6 +123,24 @@ def test_no_setting_nor_prepared_statement_of_a_worker_reaches_another_client_of
     assert leaked == []
     plans = each_server_session(bouncer, 4, "SHOW plan_cache_mode")
     assert plans == [[("auto",)]] * 4
+
+
+def test_worker_migrate_through_pgbouncer_leaves_nothing_on_the_pool(empty_database_url, tmp_path):
+    with PgBouncer(empty_database_url, tmp_path, pool_size=1) as one_session:
+        env = worker_env(one_session.url, DATABASE_POOLER="transaction")
+        migrate = [sys.executable, "-m", "worker", "migrate"]
+        done = subprocess.run(migrate, env=env, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        assert query(empty_database_url, "SELECT to_regclass('worker.jobs') IS NOT NULL") == [
+            (True,)
+        ]
+        [left] = each_server_session(
+            one_session,
+            1,
+            "SELECT name FROM pg_settings WHERE source = 'session' "
+            "UNION ALL SELECT name FROM pg_prepared_statements",
+        )
+        assert [name for (name,) in left if name not in POOLER_PARAMETERS] == []
 
 
 def test_with_a_listen_url_an_idle_worker_behind_pgbouncer_is_woken_by_notification(
