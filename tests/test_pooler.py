@@ -7,6 +7,7 @@ Every test here runs real `worker run` processes through a real PgBouncer (see
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 import time
@@ -19,6 +20,7 @@ from support import Processes, effects, query, wait_for, wait_for_status, worker
 from support.pooler import MISSING, PGBOUNCER, PgBouncer, fleet_command
 
 from worker import Client, JobStatus
+from worker.daemon.db import Patience
 from worker.db.connect import PoolerMismatch
 from worker.settings import get_settings
 
@@ -250,6 +252,22 @@ def test_a_client_behind_an_undeclared_transaction_pooler_fails_saying_so(databa
         finally:
             for client in clients:
                 client.close()
+
+
+def test_a_clash_of_prepared_statements_in_the_daemon_is_named_not_retried():
+    tries = []
+
+    async def clashing() -> None:
+        tries.append(1)
+        raise psycopg.errors.DuplicatePreparedStatement('prepared statement "_pg3_0" exists')
+
+    async def confirm() -> None:
+        pass
+
+    patience = Patience(stopping=lambda: False, confirm=confirm)
+    with pytest.raises(PoolerMismatch, match="set DATABASE_POOLER=transaction"):
+        asyncio.run(patience.run("claiming", clashing))
+    assert tries == [1]
 
 
 @pytest.mark.parametrize(

@@ -25,7 +25,7 @@ from typing import TypeVar
 import psycopg
 
 from worker.db.backoff import Backoff
-from worker.db.connect import POOLER_HINT, connect, pooled
+from worker.db.connect import MISPOOLED, POOLER_HINT, PoolerMismatch, connect, pooled
 from worker.db.errors import TRANSIENT, describe
 from worker.logs import fields
 
@@ -175,6 +175,8 @@ class Patience:
             started = time.monotonic()
             try:
                 result = await op()
+            except MISPOOLED as exc:  # a pooler the start did not catch: no retry mends it
+                raise PoolerMismatch(f"{exc}: {POOLER_HINT}") from None
             except TRANSIENT as exc:
                 self.failed(what, exc, started)
                 if self._stopping() and not past_stop:
