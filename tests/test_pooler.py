@@ -21,6 +21,7 @@ from support.pooler import MISSING, PGBOUNCER, PgBouncer, fleet_command
 
 from worker import Client, JobStatus
 from worker.daemon.db import Patience
+from worker.db import admin
 from worker.db.connect import PoolerMismatch
 from worker.settings import get_settings
 
@@ -70,6 +71,7 @@ def each_server_session(bouncer: PgBouncer, sessions: int, statement: str) -> li
         return [conn.execute(statement).fetchall() for conn in conns]
     finally:
         for conn in conns:
+            conn.rollback()  # a session left in a transaction is closed, not pooled again
             conn.close()
 
 
@@ -115,6 +117,8 @@ def test_no_setting_nor_prepared_statement_of_a_worker_reaches_another_client_of
     for n in range(30):  # claims, outcomes, heartbeats: every statement the worker sends
         pooled_client.enqueue("add", {"a": n, "b": 1})
     wait_for(lambda: completed(database_url) == 30, message="30 jobs completed")
+    # The metrics' stuck-jobs count sets its lease (`worker.lease_seconds`) too.
+    assert admin.blocking(bouncer.url, "test", lambda c: admin.stuck_by_queue(c, 42.0)) == []
     rows = each_server_session(
         bouncer,
         4,
@@ -123,6 +127,9 @@ def test_no_setting_nor_prepared_statement_of_a_worker_reaches_another_client_of
     )
     leaked = [row for session in rows for row in session if row[0] not in POOLER_PARAMETERS]
     assert leaked == []
+    # pg_settings lists no custom setting: the one the product makes is asked for by name.
+    lease = each_server_session(bouncer, 4, "SELECT current_setting('worker.lease_seconds', true)")
+    assert all(value in (None, "") for [(value,)] in lease), lease
     plans = each_server_session(bouncer, 4, "SHOW plan_cache_mode")
     assert plans == [[("auto",)]] * 4
 
