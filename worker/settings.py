@@ -8,6 +8,7 @@ program at start with one line naming the variable and the rule (exit code 2): s
 from __future__ import annotations
 
 import sys
+from enum import StrEnum
 from functools import lru_cache
 from typing import Annotated, Literal
 from urllib.parse import urlsplit
@@ -18,9 +19,20 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from pydantic_settings import SettingsError as _SourceError
 
+from worker.db.url import bad_port
+
 
 class SettingsError(Exception):
     """A setting has a value the worker cannot run with; the message names the variable."""
+
+
+class Pooler(StrEnum):
+    """What stands between the worker and PostgreSQL (`DATABASE_POOLER`)."""
+
+    NONE = "none"  # a direct connection, or a pooler in session mode: each session is ours
+    # PgBouncer (or alike) in transaction mode: consecutive transactions of one connection may
+    # run on different server sessions, so no prepared statement, session SET or LISTEN.
+    TRANSACTION = "transaction"
 
 
 class Settings(BaseSettings):
@@ -31,6 +43,8 @@ class Settings(BaseSettings):
     )
 
     database_url: str | None = Field(default=None, alias="DATABASE_URL")
+    database_pooler: Pooler = Field(default=Pooler.NONE, alias="DATABASE_POOLER")
+    listen_url: str | None = Field(default=None, alias="WORKER_LISTEN_URL")
     data_dir: str = Field(default=".worker-data", alias="WORKER_DATA_DIR")
 
     poll_min: float = Field(default=0.05, gt=0, alias="WORKER_POLL_MIN")
@@ -64,7 +78,7 @@ class Settings(BaseSettings):
             raise ValueError("must name at least one queue")
         return value
 
-    @field_validator("database_url")
+    @field_validator("database_url", "listen_url")
     @classmethod
     def _check_url(cls, value: str | None) -> str | None:
         if value is None or value == "":
@@ -73,10 +87,8 @@ class Settings(BaseSettings):
         scheme = parts.scheme.split("+", 1)[0]
         if scheme not in ("postgresql", "postgres"):
             raise ValueError("must look like postgresql://user:password@host:port/database")
-        try:
-            parts.port  # noqa: B018 - raises on a port that is not a number
-        except ValueError:
-            raise ValueError("has a port that is not a number") from None
+        if bad_port(value) is not None:  # not quoted: a mistyped URL may hold a password there
+            raise ValueError("has a port that is not a number")
         if not parts.path.strip("/") and "host=" not in parts.query:
             raise ValueError("must name a database: postgresql://user:password@host:port/database")
         try:

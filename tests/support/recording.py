@@ -20,6 +20,7 @@ def task_connection() -> psycopg.Connection[Any]:
     """This thread's autocommit connection to the worker's database (`DATABASE_URL`)."""
     conn = getattr(_local, "conn", None)
     if conn is None or conn.closed:
-        conn = psycopg.connect(os.environ["DATABASE_URL"], autocommit=True)
+        # Nothing prepared: the worker may reach its database through a transaction pooler.
+        conn = psycopg.connect(os.environ["DATABASE_URL"], autocommit=True, prepare_threshold=None)
         _local.conn = conn
     return conn

@@ -5,7 +5,8 @@ statement fails with one of the `TRANSIENT` errors. `Patience` then logs one lin
 cause, retries with capped exponential backoff, and logs one line when the database answers
 again; nothing else in the daemon logs the outage above DEBUG. `LockWaits` paces the writes
 skipped because another client holds a job's row locked. `wait_for_database` holds the start
-of a worker until the database answers.
+of a worker until the database answers, and refuses to start one whose `DATABASE_URL` leads
+to a transaction pooler that `DATABASE_POOLER` does not declare.
 
 What this does not do: it does not tell a dead database from an unreachable one, and it does
 not fail over by itself (point `DATABASE_URL` at a name that follows the primary).
@@ -14,7 +15,9 @@ not fail over by itself (point `DATABASE_URL` at a name that follows the primary
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import os
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from typing import TypeVar
@@ -22,7 +25,7 @@ from typing import TypeVar
 import psycopg
 
 from worker.db.backoff import Backoff
-from worker.db.connect import connect
+from worker.db.connect import MISPOOLED, POOLER_HINT, PoolerMismatch, connect, pooled
 from worker.db.errors import TRANSIENT, describe
 from worker.logs import fields
 
@@ -172,6 +175,8 @@ class Patience:
             started = time.monotonic()
             try:
                 result = await op()
+            except MISPOOLED as exc:  # a pooler the start did not catch: no retry mends it
+                raise PoolerMismatch(f"{exc}: {POOLER_HINT}") from None
             except TRANSIENT as exc:
                 self.failed(what, exc, started)
                 if self._stopping() and not past_stop:
@@ -193,13 +198,18 @@ def wait_for_database(url: str, timeout: float | None) -> None:
     warned = False
     while True:
         try:
-            with connect(url, "durable-worker"):
+            with connect(url, "durable-worker") as conn:
                 if warned:
                     waited = time.monotonic() - started
                     log.warning(
                         "database reachable after %.1f s; starting",
                         waited,
                         extra=fields("database.reachable", outage_seconds=round(waited, 3)),
+                    )
+                if not pooled() and shares_sessions(url, conn):
+                    raise UndeclaredPooler(
+                        f"{POOLER_HINT} (a statement prepared on one connection was found on "
+                        "another)"
                     )
                 return
         except psycopg.OperationalError as exc:
@@ -222,5 +232,32 @@ def wait_for_database(url: str, timeout: float | None) -> None:
             time.sleep(delay if timeout is None else min(delay, max(timeout - waited, 0.05)))
 
 
+def shares_sessions(url: str, conn: psycopg.Connection[object]) -> bool:
+    """Whether a statement `conn` prepares is seen by another connection to `url`: a pooler in
+    transaction mode handing one server session to its clients in turn (never so directly).
+
+    A pooler whose sessions are all busy may hand the other connection a different one: then
+    this says False, and the first clash of prepared statements says it instead.
+    """
+    name = f"durable_worker_probe_{os.getpid()}"
+    with connect(url, "durable-worker") as other:
+        conn.execute(f"PREPARE {name} AS SELECT 1")
+        try:
+            # Both in one simple query, so on one server session whatever the pooler.
+            other.execute(f"EXECUTE {name}; DEALLOCATE {name}")
+        except psycopg.errors.InvalidSqlStatementName:
+            with contextlib.suppress(psycopg.Error):
+                conn.execute(f"DEALLOCATE {name}")
+            return False
+    return True
+
+
 class DatabaseUnreachable(Exception):
     """The database did not answer within the time the operator allowed (`--connect-timeout`)."""
+
+
+class UndeclaredPooler(DatabaseUnreachable):
+    """`DATABASE_URL` leads to a transaction pooler `DATABASE_POOLER` does not declare: every
+    prepared statement would clash with another client's. The worker does not start; an
+    `UndeclaredPooler` is a `DatabaseUnreachable` so that it ends `worker run` the same way,
+    in one line."""

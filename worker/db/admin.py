@@ -256,8 +256,9 @@ async def list_workers(conn: Conn) -> list[WorkerRow]:
 
 async def stuck_by_queue(conn: Conn, lease_seconds: float) -> list[QueueCount]:
     """Processing jobs whose worker missed its heartbeat by more than the lease, per queue."""
-    await conn.execute(sql.SET_LEASE, {"lease": lease_seconds})
-    rows = await (await conn.execute(sql.STUCK_BY_QUEUE)).fetchall()
+    async with conn.transaction():  # the lease is set for this transaction alone
+        await conn.execute(sql.SET_LEASE, {"lease": lease_seconds})
+        rows = await (await conn.execute(sql.STUCK_BY_QUEUE)).fetchall()
     return [QueueCount(queue, int(jobs)) for queue, jobs in rows]
 
 

@@ -6,6 +6,11 @@ host or a silently cut network, autocommit, the application name an operator see
 by what it is for (`connect`, `aconnect`, `async_pool`) and never calls psycopg or SQLAlchemy
 to open one itself.
 
+Behind a pooler in transaction mode (`DATABASE_POOLER=transaction`) no connection made here
+prepares a statement: the next transaction of the same connection may run on another server
+session, where the statement is missing or another client's has its name. Notifications then
+come from `WORKER_LISTEN_URL`, a direct connection, or not at all (`listen_url`).
+
 What this does not do: it does not decide which database (see `worker.db.url`), and it does
 not retry; the callers that survive an outage (the daemon's `Patience`, the notifier, the
 client's enqueue) each say how.
@@ -28,6 +33,7 @@ from sqlalchemy import Engine, create_engine
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from worker.db.url import sqlalchemy_url
+from worker.settings import Pooler, get_settings
 
 # libpq options used unless the URL sets its own: a dead host fails a connection attempt in
 # 10 s instead of the system's minutes. A silently cut connection (no RST: a failed-over virtual
@@ -44,12 +50,51 @@ CONNECT_DEFAULTS = {
 }
 
 
+# What prepared statements meet behind a transaction pooler the settings do not declare: a
+# statement prepared by another client on the same server session, or one of ours missing.
+MISPOOLED = (psycopg.errors.DuplicatePreparedStatement, psycopg.errors.InvalidSqlStatementName)
+POOLER_HINT = (
+    "DATABASE_URL leads to a pooler in transaction mode: set DATABASE_POOLER=transaction, and "
+    "WORKER_LISTEN_URL to a direct URL for notifications"
+)
+
+
+class PoolerMismatch(psycopg.ProgrammingError):
+    """A prepared statement clashed with another client's: `DATABASE_URL` leads to a pooler in
+    transaction mode that `DATABASE_POOLER` does not declare."""
+
+
+def pooled() -> bool:
+    """Whether `DATABASE_URL` leads to a pooler in transaction mode (`DATABASE_POOLER`): no
+    session state then, not even a prepared statement."""
+    return get_settings().database_pooler is Pooler.TRANSACTION
+
+
+def listen_url(url: str) -> str | None:
+    """Where to LISTEN for the notifications of `url`: `WORKER_LISTEN_URL` when set, else `url`
+    itself, unless that leads to a pooler in transaction mode (a LISTEN there holds no server
+    session, so its notifications are dropped): None, no notifications then."""
+    settings = get_settings()
+    if settings.listen_url:
+        return settings.listen_url
+    return None if settings.database_pooler is Pooler.TRANSACTION else url
+
+
 def connect_options(url: str, application_name: str) -> dict[str, Any]:
     """Keyword arguments for `psycopg.connect` on top of `url` (whose own options win)."""
     given = conninfo_to_dict(url)
     options: dict[str, Any] = {k: v for k, v in CONNECT_DEFAULTS.items() if k not in given}
     options["fallback_application_name"] = application_name
+    if pooled():
+        options["prepare_threshold"] = None
     return options
+
+
+def _session_options(url: str, name: str, options: dict[str, Any]) -> dict[str, Any]:
+    kwargs = {**connect_options(url, name), **options}
+    if pooled():  # whatever the caller asked: a prepared statement would meet another client
+        kwargs["prepare_threshold"] = None
+    return kwargs
 
 
 def connect(
@@ -61,7 +106,7 @@ def connect(
     **options: Any,
 ) -> psycopg.Connection[Any]:
     """A blocking connection named `name` (its `application_name` unless the URL sets one)."""
-    kwargs = {**connect_options(url, name), **options, "autocommit": autocommit}
+    kwargs = {**_session_options(url, name, options), "autocommit": autocommit}
     if row_factory is not None:
         kwargs["row_factory"] = row_factory
     return psycopg.connect(url, **kwargs)
@@ -71,7 +116,7 @@ async def aconnect(
     url: str, name: str, *, autocommit: bool = True, **options: Any
 ) -> psycopg.AsyncConnection[Any]:
     """The asyncio `connect`."""
-    kwargs = {**connect_options(url, name), **options, "autocommit": autocommit}
+    kwargs = {**_session_options(url, name, options), "autocommit": autocommit}
     return await psycopg.AsyncConnection.connect(url, **kwargs)
 
 

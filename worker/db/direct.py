@@ -5,7 +5,8 @@ ORM: a kept connection and a prepared statement make it one round trip. A connec
 dead (a server restart, a dropped socket) is replaced and the statement sent once more on a
 fresh connection, with the statement's idempotent twin (the client made the ids), so a write
 whose commit was in doubt is never made twice. A batch of jobs may go by COPY instead: one
-statement as well, sent again as its idempotent INSERT twin.
+statement as well, sent again as its idempotent INSERT twin. A clash of prepared statements
+(a transaction pooler the settings do not declare) is `PoolerMismatch`, saying so.
 
     writes = DirectWrites(url)
     rows = writes.run(sql.ENQUEUE, sql.ENQUEUE_AGAIN, params)
@@ -37,7 +38,8 @@ Owner = asyncio.AbstractEventLoop | None
 # Idle connections kept per client; more run at once only while callers overlap.
 MAX_IDLE = 5
 APPLICATION_NAME = "durable-worker client"
-# Prepared on first use: later calls skip parse and plan.
+# Prepared on first use: later calls skip parse and plan. Never behind a transaction pooler
+# (`worker.db.connect` decides): there the next call may run on another server session.
 PREPARE_THRESHOLD = 0
 
 # Connections inherited through fork() are never used nor freed in the child: freeing one would

@@ -14,7 +14,7 @@ from typing import Any
 
 import psycopg
 
-from worker.db.connect import aconnect
+from worker.db.connect import MISPOOLED, POOLER_HINT, PoolerMismatch, aconnect
 from worker.db.direct import (
     APPLICATION_NAME,
     MAX_IDLE,
@@ -56,6 +56,9 @@ class AsyncDirectWrites:
         cur = await self._take()
         try:
             rows = await first(cur)
+        except MISPOOLED as exc:
+            await cur.connection.close()  # its prepared statements are not the server's
+            raise PoolerMismatch(f"{exc}: {POOLER_HINT}") from None
         except psycopg.OperationalError:
             if not cur.connection.closed:
                 await self._give(cur)

@@ -14,7 +14,7 @@ from typing import Any
 
 import psycopg
 
-from worker.db.connect import connect
+from worker.db.connect import MISPOOLED, POOLER_HINT, PoolerMismatch, connect
 from worker.db.direct import (
     APPLICATION_NAME,
     MAX_IDLE,
@@ -56,6 +56,9 @@ class DirectWrites:
         cur = self._take()
         try:
             rows = first(cur)
+        except MISPOOLED as exc:
+            cur.connection.close()  # its prepared statements are not the server's
+            raise PoolerMismatch(f"{exc}: {POOLER_HINT}") from None
         except psycopg.OperationalError:
             if not cur.connection.closed:
                 self._give(cur)

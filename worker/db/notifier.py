@@ -13,6 +13,11 @@ every subscriber reads its state afresh then.
     ...
     subscription.close()
 
+It listens on `WORKER_LISTEN_URL` when that is set (a direct connection to the database, for
+a `DATABASE_URL` that leads to a pooler). Behind a pooler in transaction mode without one it
+does not listen at all, and says so once: subscriptions are `ready` at once and hear nothing,
+and every subscriber goes by its own polling.
+
 What this does not do: it does not deliver what was sent while it was not listening (nothing
 can: PostgreSQL keeps no notification for a session that was not listening), so every
 subscriber must also look for itself, on `None` and now and then. Its thread ends once no
@@ -35,8 +40,9 @@ from typing import Any
 import psycopg
 
 from worker.db.backoff import Backoff
-from worker.db.connect import connect
+from worker.db.connect import connect, listen_url
 from worker.logs import fields
+from worker.settings import get_settings
 
 log = logging.getLogger("worker.notifier")
 
@@ -51,7 +57,9 @@ class Subscription:
     def __init__(self, notifier: Notifier, channel: str, callback: Callback) -> None:
         self.channel = channel
         self.callback = callback
-        self.ready = threading.Event()  # set while LISTEN on the channel is in place
+        # Set while LISTEN on the channel is in place; at once, for good, where no notifier can
+        # listen (behind a transaction pooler): waiting for it would only delay the subscriber.
+        self.ready = threading.Event()
         self._notifier = notifier
 
     async def wait_ready(self, timeout: float) -> bool:
@@ -76,6 +84,7 @@ class Notifier:
 
     def __init__(self, url: str, name: str) -> None:
         self.url = url
+        self.listen_url = listen_url(url)  # None: nowhere to listen, subscribers poll
         # The session's name in pg_stat_activity, unless the URL or PGAPPNAME names it.
         self.name = name
         self._lock = threading.Lock()
@@ -85,11 +94,15 @@ class Notifier:
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         self._idle_since: float | None = None
+        self._said_deaf = False
 
     def subscribe(self, channel: str, callback: Callback) -> Subscription:
         """Call `callback(payload)` from the notifier's thread for each notification on
         `channel`, and `callback(None)` whenever some may have been missed."""
         sub = Subscription(self, channel, callback)
+        if self.listen_url is None:
+            self._deaf(sub)
+            return sub
         with self._lock:
             self._subscriptions[next(self._tokens)] = sub
             self._idle_since = None
@@ -110,6 +123,20 @@ class Notifier:
 
         return self.subscribe(channel, hop)
 
+    def _deaf(self, sub: Subscription) -> None:
+        sub.ready.set()
+        with self._lock:
+            first, self._said_deaf = not self._said_deaf, True
+        if first:
+            s = get_settings()
+            log.info(
+                "no notifications behind a transaction pooler (DATABASE_POOLER=transaction, "
+                "no WORKER_LISTEN_URL): new jobs are found by polling every %g to %g s",
+                s.poll_min,
+                s.poll_max,
+                extra=fields("listener.off", poll_min=s.poll_min, poll_max=s.poll_max),
+            )
+
     def _unsubscribe(self, sub: Subscription) -> None:
         with self._lock:
             for token, held in list(self._subscriptions.items()):
@@ -127,6 +154,8 @@ class Notifier:
         self._poke()
 
     def _poke(self) -> None:
+        if self.listen_url is None:  # no thread ever reads the pipe: a write would fill it
+            return
         with contextlib.suppress(BlockingIOError):
             os.write(self._wake_w, b"x")
 
@@ -160,7 +189,7 @@ class Notifier:
         lost: str | None = None
         while True:
             try:
-                with connect(self.url, self.name) as conn:
+                with connect(self.listen_url or self.url, self.name) as conn:
                     if lost is not None:
                         log.info("listener reconnected", extra=fields("listener.reconnected"))
                         lost = None

@@ -27,7 +27,7 @@ from psycopg.types.string import TextLoader
 from psycopg_pool import AsyncConnectionPool
 
 from worker.db import sql
-from worker.db.connect import aconnect, async_pool
+from worker.db.connect import aconnect, async_pool, pooled
 from worker.db.driver import (
     LOCKED,
     Beat,
@@ -109,8 +109,11 @@ async def _configure_claims(conn: psycopg.AsyncConnection[Any]) -> None:
     # The claim is planned once per session, not once per claim. Left to choose, PostgreSQL
     # plans it anew every time (planning it costs as much as running it): its plan for
     # "LIMIT n" looks cheaper than one for any limit. The claim is written so that the
-    # plan for any limit makes the same index probes (see `worker.db.sql.claim`).
-    await conn.execute("SET plan_cache_mode = force_generic_plan")
+    # plan for any limit makes the same index probes (see `worker.db.sql.claim`). Behind a
+    # transaction pooler nothing is prepared, so there is no plan to keep, and a session's
+    # setting would reach the pool's other clients: none is made.
+    if not pooled():
+        await conn.execute("SET plan_cache_mode = force_generic_plan")
 
 
 def make_pool(url: str, concurrency: int) -> AsyncConnectionPool:

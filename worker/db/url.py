@@ -1,8 +1,23 @@
-"""Database URLs as text: the libpq form, SQLAlchemy's form, and the form safe to log."""
+"""Database URLs as text: the libpq form, SQLAlchemy's form, and the form safe to log.
+
+libpq takes several hosts in two forms, and both are accepted everywhere a URL is:
+
+    postgresql://app@db1:5432,db2:5433/app?target_session_attrs=read-write
+    postgresql://app@/app?host=db1,db2&port=5432,5433&target_session_attrs=read-write
+
+SQLAlchemy parses only the second (its URL has one host), so `sqlalchemy_url` writes the first
+as the second.
+"""
 
 from __future__ import annotations
 
 import re
+from urllib.parse import urlsplit
+
+# scheme://[userinfo@]hosts[/path][?query]: the hosts part as libpq reads it.
+_NETLOC = re.compile(r"^(?P<head>[^:/?#]+://(?:[^@/?#]*@)?)(?P<hosts>[^/?#]*)(?P<tail>.*)$", re.S)
+# One host of the list: a name, an IPv4 address or a bracketed IPv6 one, then maybe a port.
+_HOST = re.compile(r"^(?P<host>\[[^\]]*\]|[^:\[\]]*)(?::(?P<port>.*))?$", re.S)
 
 
 def psycopg_url(url: str) -> str:
@@ -10,9 +25,50 @@ def psycopg_url(url: str) -> str:
     return re.sub(r"^postgres(ql)?(\+\w+)?://", "postgresql://", url)
 
 
+def hosts(url: str) -> list[tuple[str, str]]:
+    """The (host, port) pairs written in the URL's host part, in order ("" where a part is
+    left out); the `?host=`/`?port=` form leaves it empty.
+
+    >>> hosts("postgresql://app@db1:5432,[::1],db3:/app")
+    [('db1', '5432'), ('::1', ''), ('db3', '')]
+    """
+    m = _NETLOC.match(url)
+    if m is None or not m["hosts"]:
+        return []
+    pairs = []
+    for part in m["hosts"].split(","):
+        host = _HOST.match(part)
+        name, port = (host["host"], host["port"] or "") if host else (part, "")
+        pairs.append((name.removeprefix("[").removesuffix("]"), port))
+    return pairs
+
+
+def bad_port(url: str) -> str | None:
+    """The first port the URL gives that is not a number, in either form of
+    a host list; None when every one is."""
+    ports = [port for _, port in hosts(url)]
+    for value in re.findall(r"(?:^|&)port=([^&]*)", urlsplit(url).query):
+        ports.extend(value.split(","))
+    for port in ports:
+        if port and not port.isdigit():
+            return port
+    return None
+
+
 def sqlalchemy_url(url: str) -> str:
-    """The URL as SQLAlchemy names psycopg 3's dialect."""
-    return re.sub(r"^postgresql://", "postgresql+psycopg://", psycopg_url(url))
+    """The URL as SQLAlchemy names psycopg 3's dialect, its hosts in the `?host=` form when
+    there are several."""
+    url = psycopg_url(url)
+    pairs = hosts(url)
+    if len(pairs) > 1:
+        m = _NETLOC.match(url)
+        assert m is not None  # `hosts` found some
+        path, _, query = m["tail"].partition("?")
+        listed = [f"host={','.join(h for h, _ in pairs)}"]
+        if any(p for _, p in pairs):
+            listed.append(f"port={','.join(p for _, p in pairs)}")
+        url = f"{m['head']}{path or '/'}?{'&'.join(listed + ([query] if query else []))}"
+    return re.sub(r"^postgresql://", "postgresql+psycopg://", url)
 
 
 def redact(url: str) -> str:

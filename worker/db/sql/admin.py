@@ -106,8 +106,9 @@ SELECT count(*) FROM worker.jobs
 WHERE status = ANY(%(statuses)s::text[]) AND finished_at < %(before)s
 """
 
-# The lease the worker.stuck_jobs view applies in this session (it cannot read WORKER_*).
-SET_LEASE = "SELECT set_config('worker.lease_seconds', %(lease)s::text, false)"
+# The lease the worker.stuck_jobs view applies in this transaction (it cannot read WORKER_*);
+# not the session's: behind a transaction pooler that would reach other clients.
+SET_LEASE = "SELECT set_config('worker.lease_seconds', %(lease)s::text, true)"
 
 # Read-only: stuck jobs per queue, for the metrics (the view decides with SET_LEASE's lease).
 STUCK_BY_QUEUE = "SELECT queue, count(*) FROM worker.stuck_jobs GROUP BY queue"
