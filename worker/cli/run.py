@@ -58,6 +58,7 @@ def run(
     """
     from worker.daemon import DutyFailed, Worker
     from worker.daemon.db import DatabaseUnreachable, wait_for_database
+    from worker.db.connect import PoolerMismatch
     from worker.logs import configure
 
     s = settings()
@@ -100,6 +101,8 @@ def run(
     try:
         asyncio.run(main())
     except DutyFailed as exc:  # logged with its traceback already
+        raise CliError(str(exc)) from None
+    except PoolerMismatch as exc:  # an undeclared pooler the start check could not see
         raise CliError(str(exc)) from None
     finally:
         if server is not None:
