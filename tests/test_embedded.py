@@ -14,6 +14,8 @@ from support import ROOT, Processes
 
 from worker.db.embedded import MISSING_SERVER, LocalPostgres
 
+pytestmark = pytest.mark.smoke
+
 
 @pytest.fixture
 def embedded_env(tmp_path: Path) -> Iterator[dict[str, str]]:
