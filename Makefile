@@ -7,7 +7,7 @@ VENV := .venv
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --upgrade pip
-	$(VENV)/bin/pip install --quiet -e '.[test]'
+	$(VENV)/bin/pip install --quiet -e '.[test,embedded]'
 	touch $@
 
 demo: $(VENV)/.installed

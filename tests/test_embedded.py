@@ -1,5 +1,5 @@
-"""The embedded default: no DATABASE_URL, nothing installed, several processes share one
-local PostgreSQL."""
+"""The embedded default: no DATABASE_URL, only the `embedded` extra installed, several
+processes share one local PostgreSQL; without the extra, one line says what to install."""
 
 from __future__ import annotations
 
@@ -10,9 +10,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support import ROOT, Processes
+from support import ROOT, Processes, query
 
-from worker.db.embedded import LocalPostgres
+from worker.db.embedded import MISSING_SERVER, LocalPostgres, find_bin_dir
+
+pytestmark = pytest.mark.smoke
 
 
 @pytest.fixture
@@ -67,3 +69,47 @@ def test_worker_and_enqueuer_share_the_embedded_server(
     stopped = cli(embedded_env, "db", "stop", cwd=tmp_path)
     assert stopped.returncode == 0
     assert not server.is_running()
+
+
+def test_without_database_url_or_server_binaries_one_line_says_what_to_install(
+    embedded_env, tmp_path
+):
+    # The real program, with every place it looks for server binaries pointed at nothing.
+    hide = (
+        "import sys; from pathlib import Path; import worker.db.embedded as e; "
+        f"e.EMBEDDED_PACKAGE = 'no_such_package'; e.SYSTEM_INSTALLS = Path({str(tmp_path)!r}); "
+        "from worker.cli import main; sys.argv = ['worker', 'jobs']; main()"
+    )
+    env = {k: v for k, v in embedded_env.items() if k != "WORKER_PG_BIN"}
+    env["PATH"] = str(Path(sys.executable).parent)
+    done = subprocess.run(
+        [sys.executable, "-c", hide],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines() == [f"error: {MISSING_SERVER}"]
+    assert "pip install 'durable-worker[embedded]'" in MISSING_SERVER
+    assert not (tmp_path / "data" / "pg").exists()
+
+
+def test_worker_pg_bin_names_the_server_binaries_before_any_other(tmp_path, monkeypatch):
+    chosen = tmp_path / "pg" / "bin"
+    chosen.mkdir(parents=True)
+    for program in ("pg_ctl", "initdb"):
+        (chosen / program).touch()
+    monkeypatch.setenv("WORKER_PG_BIN", str(chosen))
+    assert find_bin_dir() == chosen
+    assert find_bin_dir(prefer_system=True) == chosen
+
+
+def test_the_server_is_the_postgresql_version_ci_names(database_url):
+    # CI runs the smoke subset once per PostgreSQL version it claims, naming it here.
+    expected = os.environ.get("TEST_PG_MAJOR")
+    if not expected:
+        pytest.skip("TEST_PG_MAJOR is not set: no version to check")
+    [(number,)] = query(database_url, "SELECT current_setting('server_version_num')::int")
+    assert number // 10000 == int(expected)

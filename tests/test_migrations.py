@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import create_engine
@@ -36,6 +37,7 @@ def test_migrations_match_the_table_definitions(empty_database_url):
     assert schema_diff(empty_database_url) == []
 
 
+@pytest.mark.smoke
 def test_upgrade_downgrade_upgrade_round_trips(empty_database_url):
     url = empty_database_url
     migrate.upgrade(url)
@@ -47,6 +49,7 @@ def test_upgrade_downgrade_upgrade_round_trips(empty_database_url):
     assert schema_diff(url) == []
 
 
+@pytest.mark.smoke
 def test_plain_insert_is_a_complete_enqueue(database_url):
     (row,) = query(
         database_url,

@@ -18,6 +18,7 @@ from worker.db import sql
 from worker.db.postgres import claim_pool
 
 
+@pytest.mark.smoke
 def test_job_goes_pending_processing_completed(env, database_url, processes: Processes):
     client = Client(database_url)
     job = client.enqueue("effect", {"key": "slow", "sleep": 1.0})
@@ -136,6 +137,7 @@ CLAIMS = pytest.mark.parametrize("statement", ["CLAIM_ONE_QUEUE", "CLAIM"])
 PLANS = pytest.mark.parametrize("plan", ["for these values", "for any values"])
 
 
+@pytest.mark.smoke
 @CLAIMS
 @PLANS
 def test_a_claim_does_not_walk_the_jobs_due_later(database_url, statement, plan):

@@ -38,6 +38,7 @@ def test_failed_job_retries_after_backoff_then_fails(env, database_url, processe
     assert "Traceback" in (job.error or "")
 
 
+@pytest.mark.smoke
 def test_job_succeeds_on_a_later_attempt(env, database_url, processes):
     processes.worker(env, "testtasks")
     job = Client(database_url).enqueue("fails_then_succeeds", {"key": "k", "failures": 2})

@@ -425,6 +425,7 @@ def test_cancelling_a_finished_job_is_a_no_op_that_says_so(env, database_url, pr
 # -- pause and resume ---------------------------------------------------------------------
 
 
+@pytest.mark.smoke
 def test_pause_then_resume_with_an_answer_completes(env, database_url, processes):
     processes.worker(env, "testtasks", extra={"WORKER_CONCURRENCY": "1"})
     client = Client(database_url)
@@ -589,6 +590,7 @@ def test_failing_cleanup_after_successful_stages_is_retried_not_ignored(
 # -- crash recovery -----------------------------------------------------------------------
 
 
+@pytest.mark.smoke
 def test_crash_recovery_runs_the_owed_cleanup_before_the_next_attempt(env, database_url, processes):
     client = Client(database_url)
     job = client.enqueue("counted", {"second_sleep": 3})

@@ -85,6 +85,7 @@ def one_at_a_time(monkeypatch):
 # -- drain --------------------------------------------------------------------------------
 
 
+@pytest.mark.smoke
 def test_drain_runs_every_due_job_and_returns_them_in_the_order_they_finished(
     database_url, one_at_a_time
 ):

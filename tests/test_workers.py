@@ -19,6 +19,7 @@ from worker.settings import Settings
 from worker.tasks import Task
 
 
+@pytest.mark.smoke
 def test_four_workers_complete_every_job_exactly_once(env, database_url, processes: Processes):
     jobs = [JobSpec("effect", {"key": str(i)}) for i in range(2000)]
     Client(database_url).enqueue_many(jobs)

