@@ -34,6 +34,7 @@ from bench.__main__ import machine, start_server
 from bench.harness import Bench, Server
 from bench.libs import durable
 from worker.daemon.plugins.retention import PRUNE_BATCH as BATCH
+from worker.daemon.plugins.retention import PRUNE_REST
 from worker.db import sql
 from worker.models import TERMINAL_STATUSES
 
@@ -125,10 +126,12 @@ class Retention(threading.Thread):
         t0 = time.perf_counter()
         with conn:
             while not self._halt.is_set() and self.deleted < self.target:
+                began = time.perf_counter()
                 pruned = conn.execute(sql.PRUNE_BATCH, params).rowcount
                 self.deleted += pruned
                 if pruned < BATCH:
                     break
+                self._halt.wait((time.perf_counter() - began) * PRUNE_REST)  # as the plugin rests
         self.seconds = time.perf_counter() - t0
 
     def stop(self) -> None:

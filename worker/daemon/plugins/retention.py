@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import time
 from datetime import UTC, datetime, timedelta
 
 import psycopg
@@ -25,6 +26,9 @@ from worker.settings import Settings
 log = logging.getLogger("worker.daemon")
 
 PRUNE_BATCH = 1000  # jobs per statement: keeps each delete's locks short
+# After each full batch, a rest as long as the batch took: a backlog of history is deleted on
+# at most half of one connection's time, leaving the server to the jobs meanwhile.
+PRUNE_REST = 1.0
 
 
 class Retention:
@@ -43,12 +47,14 @@ class Retention:
             try:
                 removed = 0
                 while True:
+                    began = time.monotonic()
                     pruned = await self._driver.prune(
                         sorted(TERMINAL_STATUSES), before, PRUNE_BATCH
                     )
                     removed += pruned
                     if pruned < PRUNE_BATCH:
                         break
+                    await asyncio.sleep((time.monotonic() - began) * PRUNE_REST)
                 if removed:
                     log.info(
                         "retention removed %d finished jobs",
