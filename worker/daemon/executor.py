@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from worker import tracing
 from worker.attempt import Executable, Runtime, TaskTimeout, settled_before_start
 from worker.daemon.stage_store import JobLost, storable_text
 from worker.db.postgres import UnreadableJSON
@@ -31,7 +32,6 @@ from worker.models import ClaimedJob, Outcome, OutcomeKind, StageEnd, StageStatu
 from worker.settings import Settings
 from worker.stages import Pipeline
 from worker.tasks import Context, JobCancelled, PauseForResolution, Snooze
-from worker.tracing import attempt_span, ended
 
 log = logging.getLogger("worker.daemon")
 job_log = logging.getLogger("worker.jobs")
@@ -120,10 +120,13 @@ class Executor:
         began = time.monotonic()
         _running_job.set(job.id)
         try:
-            # The attempt's span continues the trace the job was enqueued in (`worker.tracing`).
-            with attempt_span(job) as span:
+            if tracing.ENABLED:
+                # The attempt's span continues the trace the job was enqueued in.
+                with tracing.attempt_span(job) as span:
+                    outcome = await self._outcome(job, cancel)
+                    tracing.ended(span, job, outcome)
+            else:
                 outcome = await self._outcome(job, cancel)
-                ended(span, job, outcome)
         except asyncio.CancelledError:
             return  # shutting down: the job is handed back by the worker's shutdown
         finally:
