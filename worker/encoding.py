@@ -6,7 +6,8 @@ import json
 import re
 import threading
 from collections.abc import Callable
-from json.encoder import c_make_encoder, encode_basestring
+from json.encoder import encode_basestring
+from typing import Any
 
 from worker.models import JSON
 
@@ -18,6 +19,8 @@ class NotStorable(TypeError):
 # One encoder for every value: `json.dumps` with options builds a new encoder per call.
 _ENCODER = json.JSONEncoder(allow_nan=False, separators=(",", ":"), ensure_ascii=False)
 _threads = threading.local()
+# The C accelerator's encoder factory (not in the typeshed stubs), None without it.
+_C_MAKE_ENCODER: Any = getattr(json.encoder, "c_make_encoder", None)
 
 
 def _c_encoder() -> Callable[[object, int], tuple[str, ...]] | None:
@@ -27,7 +30,7 @@ def _c_encoder() -> Callable[[object, int], tuple[str, ...]] | None:
     while one value is being encoded."""
     markers: dict[int, object] = {}
     try:
-        encoder = c_make_encoder(  # type: ignore[misc]
+        encoder = _C_MAKE_ENCODER(
             markers, _ENCODER.default, encode_basestring, None, ":", ",", False, False, False
         )
     except TypeError:  # None, or a signature this interpreter does not have
