@@ -630,6 +630,11 @@ class Bench:
                 p99_ms=round(pct(lat, 99), 2),
                 max_ms=round(lat[-1], 2),
                 first_job_ms=round(raw[0], 2) if raw[0] is not None else None,
+                # Which jobs make the tail: (index, ms) of the five slowest, the first job apart.
+                slowest=sorted(
+                    ((i, round(x, 2)) for i, x in enumerate(raw[1:], 1) if x is not None),
+                    key=lambda s: -s[1],
+                )[:5],
                 n=LAT_N,
                 verified=ok and len(lat) == LAT_N and not errors,
                 check=why + (f" log_errors={errors[:3]}" if errors else ""),
