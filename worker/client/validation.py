@@ -94,6 +94,22 @@ def _bad_name(value: object, longest: int) -> bool:
     return text_problem(value) is not None
 
 
+# Task and queue names that passed `_bad_name`: a process enqueues a few of them over and over,
+# so each is checked once. Bounded, for a process that makes up names as it goes.
+_GOOD_NAMES: set[str] = set()
+_GOOD_NAMES_KEPT = 1024
+
+
+def _bad_task_or_queue(value: object, longest: int) -> bool:
+    if type(value) is str and value in _GOOD_NAMES and len(value) <= longest:
+        return False
+    if _bad_name(value, longest):
+        return True
+    if len(_GOOD_NAMES) < _GOOD_NAMES_KEPT:
+        _GOOD_NAMES.add(value)  # type: ignore[arg-type]  # a str: _bad_name checked it
+    return False
+
+
 def job_id_of(value: str | UUID) -> str:
     """The id as text; a malformed one names no job (`JobNotFound`), as an unknown one does."""
     text_ = job_id_text(value)
@@ -117,9 +133,15 @@ def stored_json(value: JSON, what: str, max_bytes: int, hint: str = "") -> str:
     return text_
 
 
+_PAYLOAD_HINT = ": store large data elsewhere and pass a reference"
+_MAX_DELAY_SECONDS = MAX_DELAY.total_seconds()
+
+
 def validated(spec: JobSpec, max_bytes: int) -> dict[str, Any]:
     """The parameters of `sql.ENQUEUE` for `spec`, less its id; `InvalidJob` if it is bad."""
-    if _bad_name(spec.task, MAX_TASK_NAME):
+    # Each check tries the common case first (a known name, a plain int or float): this runs
+    # once per job of every batch.
+    if _bad_task_or_queue(spec.task, MAX_TASK_NAME):
         raise InvalidJob(
             f"task name must be a string of 1 to {MAX_TASK_NAME} characters, with no NUL"
         )
@@ -127,12 +149,12 @@ def validated(spec: JobSpec, max_bytes: int) -> dict[str, Any]:
         raise InvalidJob(
             f"payload must be a JSON object (a dict), not {type(spec.payload).__name__}"
         )
-    hint = ": store large data elsewhere and pass a reference"
-    text_ = stored_json(spec.payload, "payload", max_bytes, hint)
-    if _bad_name(spec.queue, 255):
+    text_ = stored_json(spec.payload, "payload", max_bytes, _PAYLOAD_HINT)
+    if _bad_task_or_queue(spec.queue, 255):
         raise InvalidJob("queue name must be a string of 1 to 255 characters, with no NUL")
     low, high = PRIORITY_RANGE
-    if not _is_int(spec.priority) or not low <= spec.priority <= high:
+    priority = spec.priority
+    if (type(priority) is not int and not _is_int(priority)) or not low <= priority <= high:
         raise InvalidJob(f"priority must be an integer from {low} to {high}")
     if spec.max_retries is not None and (
         not _is_int(spec.max_retries) or not 0 <= spec.max_retries <= MAX_RETRIES_LIMIT
@@ -142,14 +164,9 @@ def validated(spec: JobSpec, max_bytes: int) -> dict[str, Any]:
         raise InvalidJob("unique_key must be a string of 1 to 255 characters, with no NUL")
     if spec.concurrency_key is not None and _bad_name(spec.concurrency_key, 255):
         raise InvalidJob("concurrency_key must be a string of 1 to 255 characters, with no NUL")
-    delay = spec.delay.total_seconds() if isinstance(spec.delay, timedelta) else spec.delay
-    if (
-        not isinstance(delay, int | float)
-        or isinstance(delay, bool)
-        or not math.isfinite(delay)
-        or not 0 <= delay <= MAX_DELAY.total_seconds()
-    ):
-        raise InvalidJob("delay must be a number of seconds or a timedelta, from 0 to 100 years")
+    delay = spec.delay
+    if type(delay) is not float or not 0.0 <= delay <= _MAX_DELAY_SECONDS:
+        delay = _checked_delay(delay)
     if spec.run_at is not None:
         if not isinstance(spec.run_at, datetime) or spec.run_at.tzinfo is None:
             raise InvalidJob("run_at must be a timezone-aware datetime (e.g. datetime.now(UTC))")
@@ -160,13 +177,26 @@ def validated(spec: JobSpec, max_bytes: int) -> dict[str, Any]:
         "task": spec.task,
         "payload": text_,
         "queue": spec.queue,
-        "priority": spec.priority,
+        "priority": priority,
         "run_at": spec.run_at,
-        "delay": float(delay),
+        "delay": delay,
         "max_retries": spec.max_retries,
         "unique_key": spec.unique_key,
         "concurrency_key": spec.concurrency_key,
     }
+
+
+def _checked_delay(value: object) -> float:
+    """A delay other than a float in range, as seconds; `InvalidJob` if it is not one."""
+    delay = value.total_seconds() if isinstance(value, timedelta) else value
+    if (
+        not isinstance(delay, int | float)
+        or isinstance(delay, bool)
+        or not math.isfinite(delay)
+        or not 0 <= delay <= _MAX_DELAY_SECONDS
+    ):
+        raise InvalidJob("delay must be a number of seconds or a timedelta, from 0 to 100 years")
+    return float(delay)
 
 
 def _as_spec(item: object) -> JobSpec:

@@ -7,9 +7,19 @@ from worker.db.sql.guard import held_by_attempt
 # orphaned at once, to be run elsewhere while it runs them. It claims again once its heartbeat
 # has registered it anew. A rescuer deleting the row meanwhile waits for the claim, then finds
 # the lease fresh.
+#
+# The claim alone commits without waiting for its WAL to reach the disk: `set_config(...,
+# true)` turns `synchronous_commit` off for this transaction only, inside the statement, so no
+# session keeps the setting (a pooled connection's next transaction commits as usual). That
+# costs no guarantee. A claim lost in a server crash leaves its job `pending`, its attempt
+# unchanged; the worker that held it can write nothing for it, since every outcome and stage
+# write is guarded by `processing` AND its worker id AND the attempt (`sql/guard.py`), and the
+# job runs again: the at-least-once a worker crash gives. Enqueues, outcomes and stage writes
+# keep waiting for the flush: losing one of those would lose a job or a finished result.
 _LEASE = """
 WITH lease AS (
-    UPDATE worker.workers SET heartbeat_at = now() WHERE id = %(worker_id)s RETURNING id
+    UPDATE worker.workers SET heartbeat_at = now() WHERE id = %(worker_id)s
+    RETURNING id, set_config('synchronous_commit', 'off', true) AS commit_mode
 )"""
 
 # What a claim does with the jobs its `next` CTE picked: mark them ours and, for a pipeline
