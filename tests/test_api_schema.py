@@ -92,8 +92,8 @@ def test_schemathesis_with_every_check_finds_nothing_wrong_with_the_published_sp
     cases = list(ET.parse(report).iter("testcase"))
     tested = {case.get("name") for case in cases}
     # Every operation of the spec was exercised, and the stateful sequences as well.
-    assert {"POST /jobs", "GET /jobs/{id}/events", "Stateful tests"} <= tested, tested
-    assert len(tested) == 16, tested  # the spec's 15 operations, and the stateful sequences
+    assert {"POST /jobs", "GET /jobs/{id}/events", "POST /console/bulk", "Stateful tests"} <= tested
+    assert len(tested) == 22, tested  # the spec's 21 operations, and the stateful sequences
     assert not [c for c in cases if c.find("failure") is not None or c.find("error") is not None]
     # The generated jobs reached the database: the run tested the API, not only its refusals.
     assert query(database_url, "SELECT count(*) FROM worker.jobs")[0][0] > 2
@@ -144,10 +144,45 @@ def test_an_integral_float_is_an_integer_as_json_schema_says(edge, database_url)
 
 
 def test_a_405_lists_every_method_of_the_path(edge):
-    answer = edge("OPTIONS", "/jobs")
-    assert answer.status_code == 405
-    assert {m.strip() for m in answer.headers["allow"].split(",")} >= {"GET", "POST"}
-    assert edge("DELETE", "/jobs").headers["allow"] == answer.headers["allow"]
+    for path in ("/jobs", "/console/bulk"):
+        answer = edge("OPTIONS", path)
+        assert answer.status_code == 405
+        assert {m.strip() for m in answer.headers["allow"].split(",")} >= {"GET", "POST"}, path
+        assert edge("DELETE", path).headers["allow"] == answer.headers["allow"]
+
+
+def test_the_console_takes_a_since_of_the_spec_s_form_and_refuses_the_rest(edge, database_url):
+    spec = edge("GET", "/openapi.json").json()
+    (since,) = [
+        p for p in spec["paths"]["/console/jobs"]["get"]["parameters"] if p["name"] == "since"
+    ]
+    assert since["schema"]["format"] == "date-time"
+    failed = edge("POST", "/jobs", json={"task": "add"}).json()["id"]
+    edge("POST", f"/jobs/{failed}/cancel")
+    listed = edge("GET", "/console/jobs", params={"since": "2000-01-01T00:00:00Z"})
+    assert listed.status_code == 200 and [j["id"] for j in listed.json()["jobs"]] == [failed]
+    # Seconds since 1970 would parse as a time; the spec's date-time is not that.
+    for bad in ("1700000000", "2026-12-02T12:00", ""):
+        assert edge("GET", "/console/jobs", params={"since": bad}).status_code == 422, bad
+    body = {"verb": "retry", "expected": 1, "filter": {"since": "2000-01-01T00:00:00Z"}}
+    assert edge("POST", "/console/bulk", json=body).json()["changed"] == 1
+    for bad_filter in ({"since": 1700000000}, {"since": "1700000000"}, {"q": "a\x00"}):
+        refused = edge("POST", "/console/bulk", json={**body, "filter": bad_filter})
+        assert refused.status_code == 422, bad_filter
+    assert edge("POST", "/console/bulk", json={**body, "expected": "1"}).status_code == 422
+
+
+def test_an_empty_console_choice_or_cursor_is_refused_not_read_as_the_default(edge):
+    for path, params in (
+        ("/console/jobs", {"tab": ""}),
+        ("/console/jobs", {"cursor": ""}),
+        ("/console/bulk", {"verb": ""}),
+        ("/console/bulk", {}),
+        ("/console/charts", {"window": ""}),
+    ):
+        assert edge("GET", path, params=params).status_code == 422, (path, params)
+    assert edge("GET", "/console/charts").json()["window"] == "hour"
+    assert edge("GET", "/console/jobs", params={"q": ""}).status_code == 200
 
 
 def test_last_event_id_and_after_are_both_checked_and_bounded_as_the_spec_says(edge):

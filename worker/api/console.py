@@ -18,10 +18,12 @@ workers write (`worker.daemon.plugins.rollup`), never the jobs' history.
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
+from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import TypeAdapter, ValidationError
 from starlette.datastructures import QueryParams
 from starlette.requests import Request
 from starlette.responses import Response
@@ -39,9 +41,24 @@ from worker.api.params import (
     path_job_id,
     text_param,
 )
+from worker.api.schemas import (
+    BULK_MAX,
+    BulkBody,
+    BulkCount,
+    BulkOut,
+    ChartOut,
+    ConsolePage,
+    DepthPoint,
+    HolderOut,
+    JobViewOut,
+    OutcomePoint,
+    Since,
+    Window,
+    WorkerList,
+)
 from worker.client import InvalidTransition, JobNotFound
 from worker.db import console
-from worker.db.console import BulkVerb, ConsoleFilter, ConsoleJobRow, ConsoleWorkerRow, Tab
+from worker.db.console import BulkVerb, ConsoleFilter, Tab
 from worker.db.sql import console as sql
 from worker.models import JobStatus
 from worker.settings import Settings, SettingsError, get_settings
@@ -49,120 +66,33 @@ from worker.settings import Settings, SettingsError, get_settings
 if TYPE_CHECKING:
     from worker.api.app import _Api
 
-# Jobs a bulk verb changes in one request at most; the answer says when more are left.
-BULK_MAX = 10_000
 _BULK_BATCH = 500
-# A chart's window and its buckets: an hour by the minute, a day by ten minutes.
-WINDOWS = {"hour": (timedelta(hours=1), 60), "day": (timedelta(days=1), 600)}
+WINDOWS = {Window.HOUR: (timedelta(hours=1), 60), Window.DAY: (timedelta(days=1), 600)}
 _FILTER_PARAMS = {"tab", "q", "queue", "task", "since"}
+_SINCE: TypeAdapter[datetime] = TypeAdapter(Since)
 
 
-class ConsolePage(BaseModel):
-    """`GET /console/jobs`: a page of a tab, the count of each tab, the server's time."""
-
-    jobs: list[ConsoleJobRow]
-    next_cursor: str | None
-    counts: dict[str, int]
-    now: datetime
-
-
-class HolderOut(BaseModel):
-    id: str
-    hostname: str | None
-    pid: int | None
-    heartbeat_age: float | None
-
-
-class JobViewOut(BaseModel):
-    """`GET /console/jobs/{id}`: who holds the job, and its task's stages if a worker said."""
-
-    worker: HolderOut | None
-    stages: list[str] | None
-    cleanups: list[str] | None
-    now: datetime
-
-
-class FilterBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    tab: Tab = Tab.ALL
-    q: str | None = Field(default=None, max_length=200)
-    queue: str | None = Field(default=None, max_length=255)
-    task: str | None = Field(default=None, max_length=255)
-    since: datetime | None = None
-
-
-class BulkBody(BaseModel):
-    """`POST /console/bulk`: the verb, its filter, and the count the operator confirmed."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    verb: BulkVerb
-    filter: FilterBody = Field(default_factory=FilterBody)
-    expected: int = Field(ge=0, le=BULK_MAX)
-
-
-class BulkCount(BaseModel):
-    verb: BulkVerb
-    jobs: int
-
-
-class BulkOut(BaseModel):
-    """What a bulk verb did: jobs changed, jobs left as they were (another changed them
-    first, or a unique key held them back), and whether the filter still matches more."""
-
-    verb: BulkVerb
-    changed: int
-    unchanged: int
-    more: bool
-
-
-class WorkerList(BaseModel):
-    """`GET /console/workers`: each worker with the jobs it holds (`id`, `task`, `queue`,
-    `started_at`), and the lease its heartbeat is judged by."""
-
-    workers: list[ConsoleWorkerRow]
-    lease_seconds: float
-    now: datetime
-
-
-class OutcomePoint(BaseModel):
-    bucket: datetime
-    completed: int
-    failed: int
-
-
-class DepthPoint(BaseModel):
-    """A queue's deepest minute in a bucket; None when no worker sampled it then."""
-
-    bucket: datetime
-    pending: int | None
-    processing: int | None
-
-
-class ChartOut(BaseModel):
-    """`GET /console/charts`: every bucket of the window, oldest first, zeros included."""
-
-    window: str
-    bucket_seconds: int
-    outcomes: list[OutcomePoint]
-    depth: dict[str, list[DepthPoint]]
+def _choice(q: QueryParams, name: str, kind: type[StrEnum], default: str | None = None) -> Any:
+    """The member of `kind` a parameter names; absent, `default` (an empty value is none)."""
+    value = q.get(name, default)
+    if value is None or value not in kind._value2member_map_:
+        shown = "" if value is None else value[:40]
+        raise ApiError(422, f"invalid {name}: {shown!r}; one of {', '.join(kind)}")
+    return kind(value)
 
 
 def _filter(q: QueryParams) -> ConsoleFilter:
-    tab = q.get("tab") or Tab.ALL.value
-    if tab not in Tab._value2member_map_:
-        raise ApiError(422, f"invalid tab: {tab[:40]!r}; one of {', '.join(Tab)}")
     since = None
-    if q.get("since"):
+    if "since" in q:
         try:
-            since = datetime.fromisoformat(q["since"])
-        except ValueError:
-            raise ApiError(422, "invalid since: an ISO 8601 time, e.g. 2026-12-02T12:00Z") from None
-        if since.tzinfo is None:
-            raise ApiError(422, "invalid since: give a time zone, e.g. 2026-12-02T12:00Z")
+            # Read as a body's `since` is, so both take what the spec's `date-time` says.
+            since = _SINCE.validate_python(q["since"])
+        except ValidationError:
+            raise ApiError(
+                422, "invalid since: an ISO 8601 time with a time zone, e.g. 2026-12-02T12:00Z"
+            ) from None
     return ConsoleFilter(
-        tab=Tab(tab),
+        tab=_choice(q, "tab", Tab, Tab.ALL),
         q=text_param(q.get("q"), "q"),
         queue=text_param(q.get("queue"), "queue"),
         task=text_param(q.get("task"), "task"),
@@ -188,7 +118,7 @@ class Console:
         _known(q, _FILTER_PARAMS | {"limit", "cursor"})
         where = _filter(q)
         limit = int_param(q.get("limit"), "limit", 1, MAX_PAGE) or DEFAULT_PAGE
-        before_at, before_id = decode_cursor(q["cursor"]) if q.get("cursor") else (None, None)
+        before_at, before_id = decode_cursor(q["cursor"]) if "cursor" in q else (None, None)
         async with self.api.session() as conn:
             rows = await console.list_jobs(
                 conn, where, limit=limit, before_at=before_at, before_id=before_id
@@ -227,26 +157,31 @@ class Console:
             JobViewOut(worker=holder, stages=found.stages, cleanups=found.cleanups, now=now)
         )
 
+    async def bulk_route(self, request: Request) -> Response:
+        """`/console/bulk`: one route for both methods, so a 405's `Allow` names both."""
+        if request.method == "POST":
+            return await self.bulk(request)
+        return await self.bulk_count(request)
+
     async def bulk_count(self, request: Request) -> Response:
         q = request.query_params
         _known(q, _FILTER_PARAMS | {"verb"})
-        verb = q.get("verb") or ""
-        if verb not in BulkVerb._value2member_map_:
-            raise ApiError(422, f"invalid verb: {verb[:40]!r}; one of {', '.join(BulkVerb)}")
+        verb: BulkVerb = _choice(q, "verb", BulkVerb)
+        where = _filter(q)
         async with self.api.session() as conn:
-            jobs = await console.count_bulk(conn, _filter(q), BulkVerb(verb))
-        return json_response(BulkCount(verb=BulkVerb(verb), jobs=jobs))
+            jobs = await console.count_bulk(conn, where, verb)
+        return json_response(BulkCount(verb=verb, jobs=jobs))
 
     async def bulk(self, request: Request) -> Response:
         self.api.guard(request)
-        raw = await self.api.body(request)
+        raw = await self.api.object_body(request)
+        if raw is None:
+            raise ApiError(422, "invalid body: expected a JSON object with a verb and expected")
         try:
-            body = BulkBody.model_validate(raw if raw is not None else {})
+            body = BulkBody.model_validate_json(json.dumps(raw))
         except ValidationError as exc:
             raise invalid(exc, "body") from None
         f = body.filter
-        if f.since is not None and f.since.tzinfo is None:
-            raise ApiError(422, "invalid body: filter.since: give a time zone")
         where = ConsoleFilter(tab=f.tab, q=f.q or None, queue=f.queue, task=f.task, since=f.since)
         async with self.api.session() as conn:
             matched = await console.count_bulk(conn, where, body.verb)
@@ -298,9 +233,7 @@ class Console:
     async def charts(self, request: Request) -> Response:
         q = request.query_params
         _known(q, {"window", "queue", "task"})
-        window = q.get("window") or "hour"
-        if window not in WINDOWS:
-            raise ApiError(422, f"invalid window: {window[:40]!r}; one of hour, day")
+        window: Window = _choice(q, "window", Window, Window.HOUR)
         span, bucket = WINDOWS[window]
         async with self.api.session() as conn:
             now = await _now(conn)
@@ -375,8 +308,7 @@ def routes(api: _Api) -> list[Route]:
     return [
         Route("/console/jobs", c.jobs, methods=["GET"]),
         Route("/console/jobs/{id}", c.job, methods=["GET"]),
-        Route("/console/bulk", c.bulk_count, methods=["GET"]),
-        Route("/console/bulk", c.bulk, methods=["POST"]),
+        Route("/console/bulk", c.bulk_route, methods=["GET", "POST"]),
         Route("/console/workers", c.workers, methods=["GET"]),
         Route("/console/charts", c.charts, methods=["GET"]),
     ]

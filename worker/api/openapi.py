@@ -8,6 +8,7 @@ request; the routes are `worker.api.app`'s (a test checks the document names eac
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 from pydantic import BaseModel
@@ -18,19 +19,29 @@ from worker.api.schemas import (
     STORABLE,
     STORABLE_JSON,
     STORABLE_REF,
+    TIME_PATTERN,
     ActionOut,
+    BulkBody,
+    BulkCount,
+    BulkOut,
+    ChartOut,
+    ConsolePage,
     EnqueueBody,
     ErrorOut,
     Health,
     JobOut,
     JobPage,
+    JobViewOut,
     LimitBody,
     QueueList,
     QueueOut,
     ResumeBody,
     Stats,
     StreamEnd,
+    Window,
+    WorkerList,
 )
+from worker.db.console import BulkVerb, Tab
 from worker.models import ProgressEvent
 from worker.schema import STATUSES
 
@@ -50,6 +61,49 @@ class Operation:
     parameters: list[dict[str, Any]] = field(default_factory=list)
     errors: dict[int, str] = field(default_factory=dict)
     mutates: bool = False
+
+
+def _query(name: str, schema: dict[str, Any], **more: Any) -> dict[str, Any]:
+    return {"name": name, "in": "query", "schema": schema, **more}
+
+
+def _text(name: str) -> dict[str, Any]:
+    """A text filter: an empty one filters nothing."""
+    return _query(name, {"type": "string", "pattern": NO_NUL})
+
+
+def _choice(name: str, kind: type[StrEnum], default: StrEnum | None = None) -> dict[str, Any]:
+    """One of an enum's values; without a default, the parameter is required."""
+    schema: dict[str, Any] = {"type": "string", "enum": [m.value for m in kind]}
+    if default is None:
+        return _query(name, schema, required=True)
+    return _query(name, {**schema, "default": default.value})
+
+
+_LIMIT = _query("limit", {"type": "integer", "minimum": 1, "maximum": MAX_PAGE, "default": 50})
+_CURSOR = _query(
+    "cursor",
+    {"type": "string", "pattern": CURSOR_PATTERN},
+    description="`next_cursor` of the previous page (any cursor of this form is a place in the "
+    "list: the page holds the jobs created before it).",
+)
+# The console's filter, as `GET /console/jobs` and `GET /console/bulk` read it.
+_FILTER = [
+    _choice("tab", Tab, Tab.ALL),
+    _query(
+        "q",
+        {"type": "string", "pattern": NO_NUL},
+        description="Searched for in the job's id, task, payload and error, whatever the case.",
+    ),
+    _text("queue"),
+    _text("task"),
+    _query(
+        "since",
+        {"type": "string", "format": "date-time", "pattern": TIME_PATTERN},
+        description="Jobs whose latest move (finished, else started, else created) is at or "
+        "after this time.",
+    ),
+]
 
 
 _JOB_ID = {
@@ -130,20 +184,10 @@ OPERATIONS = [
         JobPage,
         parameters=[
             {"name": "status", "in": "query", "schema": {"type": "string", "enum": list(STATUSES)}},
-            {"name": "queue", "in": "query", "schema": {"type": "string", "pattern": NO_NUL}},
-            {"name": "task", "in": "query", "schema": {"type": "string", "pattern": NO_NUL}},
-            {
-                "name": "limit",
-                "in": "query",
-                "schema": {"type": "integer", "minimum": 1, "maximum": MAX_PAGE, "default": 50},
-            },
-            {
-                "name": "cursor",
-                "in": "query",
-                "description": "`next_cursor` of the previous page (any cursor of this form is "
-                "a place in the list: the page holds the jobs created before it).",
-                "schema": {"type": "string", "pattern": CURSOR_PATTERN},
-            },
+            _text("queue"),
+            _text("task"),
+            _LIMIT,
+            _CURSOR,
         ],
         errors={422: "A bad filter, limit or cursor.", **_UNAVAILABLE},
     ),
@@ -223,6 +267,58 @@ OPERATIONS = [
         "Set the queue's concurrency (across workers) and rate limits; those left out are lifted",
         body=LimitBody,
         body_required=False,
+    ),
+    Operation(
+        "get",
+        "/console/jobs",
+        "The console's list: a tab's jobs under a search, newest first, and each tab's count",
+        ConsolePage,
+        parameters=[*_FILTER, _LIMIT, _CURSOR],
+        errors={422: "A bad tab, search, time, limit or cursor.", **_UNAVAILABLE},
+    ),
+    Operation(
+        "get",
+        "/console/jobs/{id}",
+        "The worker holding a job, and its task's stages if a worker published them",
+        JobViewOut,
+        parameters=[_JOB_ID],
+        errors={404: "No such job.", **_UNAVAILABLE},
+    ),
+    Operation(
+        "get",
+        "/console/bulk",
+        "How many jobs of the filter a bulk verb would change",
+        BulkCount,
+        parameters=[_choice("verb", BulkVerb), *_FILTER],
+        errors={422: "A bad verb or filter.", **_UNAVAILABLE},
+    ),
+    Operation(
+        "post",
+        "/console/bulk",
+        "Retry or cancel each job of the filter, once the count matched is the one confirmed",
+        BulkOut,
+        body=BulkBody,
+        errors={
+            409: "The filter now matches more jobs than `expected`: nothing was changed.",
+            422: "A bad verb, filter or count.",
+            **_UNAVAILABLE,
+        },
+        mutates=True,
+    ),
+    Operation(
+        "get",
+        "/console/workers",
+        "Each registered worker, its heartbeat's age and the jobs it holds",
+        WorkerList,
+        errors=_UNAVAILABLE,
+    ),
+    Operation(
+        "get",
+        "/console/charts",
+        "Outcomes per bucket of the window, and each queue's depth, from the workers' rollup",
+        ChartOut,
+        parameters=[_choice("window", Window, Window.HOUR), _text("queue"), _text("task")],
+        errors={422: "A bad window or filter.", **_UNAVAILABLE},
     ),
 ]
 

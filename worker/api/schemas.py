@@ -6,6 +6,8 @@ would. What this does not do: it reads no request and runs no statement.
 
 from __future__ import annotations
 
+import enum
+import re
 from datetime import datetime
 from typing import Annotated, Any
 
@@ -13,6 +15,7 @@ from pydantic import (
     AfterValidator,
     AwareDatetime,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     ValidationInfo,
@@ -28,6 +31,7 @@ from worker.client import (
     run_at_problem,
     text_problem,
 )
+from worker.db.console import BulkVerb, ConsoleJobRow, ConsoleWorkerRow, Tab
 from worker.encoding import NotStorable, dumps
 from worker.models import JobStatus
 from worker.schema import MAX_TASK_NAME, PRIORITY_RANGE
@@ -342,3 +346,128 @@ class StreamEnd(BaseModel):
 
     job_id: str
     status: JobStatus | None
+
+
+# -- the console's (`worker.api.console`) --------------------------------------------------
+
+# Jobs a bulk verb changes in one request at most; the answer says when more are left.
+BULK_MAX = 10_000
+# A `since` starts with its year: pydantic alone would also take seconds since 1970 as a time.
+TIME_PATTERN = "^[0-9]{4}-"
+
+
+def _dated(value: Any) -> Any:
+    if not isinstance(value, str) or re.match(TIME_PATTERN, value) is None:
+        raise ValueError("an ISO 8601 time with a time zone, e.g. 2026-12-02T12:00Z")
+    return value
+
+
+# Lax: the text reaches the datetime as a Python str (after `_dated`), which strict refuses.
+Since = Annotated[
+    AwareDatetime,
+    BeforeValidator(_dated),
+    Field(strict=False, json_schema_extra={"pattern": TIME_PATTERN}),
+]
+
+
+class Window(enum.StrEnum):
+    """A chart's span: an hour by the minute, or a day by ten minutes."""
+
+    HOUR = "hour"
+    DAY = "day"
+
+
+class ConsolePage(BaseModel):
+    """`GET /console/jobs`: a page of a tab, the count of each tab, the server's time."""
+
+    jobs: list[ConsoleJobRow]
+    next_cursor: str | None
+    counts: dict[str, int] = Field(description="Jobs per counted tab, under the same search.")
+    now: datetime
+
+
+class HolderOut(BaseModel):
+    id: str
+    hostname: str | None
+    pid: int | None
+    heartbeat_age: float | None
+
+
+class JobViewOut(BaseModel):
+    """`GET /console/jobs/{id}`: who holds the job, and its task's stages if a worker said."""
+
+    worker: HolderOut | None
+    stages: list[str] | None
+    cleanups: list[str] | None
+    now: datetime
+
+
+class FilterBody(BaseModel):
+    """The jobs a bulk verb is over, as the list's query parameters name them."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    tab: Tab = Tab.ALL
+    q: Name | None = Field(default=None, max_length=200)
+    queue: Name | None = Field(default=None, max_length=255)
+    task: Name | None = Field(default=None, max_length=255)
+    since: Since | None = None
+
+
+class BulkBody(BaseModel):
+    """`POST /console/bulk`: the verb, its filter, and the count the operator confirmed."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    verb: BulkVerb
+    filter: FilterBody = Field(default_factory=FilterBody)
+    expected: int = Field(ge=0, le=BULK_MAX)
+
+    _integral = field_validator("expected", mode="before")(_integral)
+
+
+class BulkCount(BaseModel):
+    verb: BulkVerb
+    jobs: int
+
+
+class BulkOut(BaseModel):
+    """What a bulk verb did: jobs changed, jobs left as they were (another changed them
+    first, or a unique key held them back), and whether the filter still matches more."""
+
+    verb: BulkVerb
+    changed: int
+    unchanged: int
+    more: bool
+
+
+class WorkerList(BaseModel):
+    """`GET /console/workers`: each worker with the jobs it holds (`id`, `task`, `queue`,
+    `started_at`), and the lease its heartbeat is judged by."""
+
+    workers: list[ConsoleWorkerRow]
+    lease_seconds: float
+    now: datetime
+
+
+class OutcomePoint(BaseModel):
+    bucket: datetime
+    completed: int
+    failed: int
+
+
+class DepthPoint(BaseModel):
+    """A queue's deepest minute in a bucket; None when no worker sampled it then."""
+
+    bucket: datetime
+    pending: int | None
+    processing: int | None
+
+
+class ChartOut(BaseModel):
+    """`GET /console/charts`: every bucket of the window, oldest first, zeros included."""
+
+    window: Window
+    bucket_seconds: int
+    outcomes: list[OutcomePoint]
+    depth: dict[str, list[DepthPoint]]
