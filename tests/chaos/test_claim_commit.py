@@ -77,6 +77,7 @@ def test_enqueue_and_outcome_writes_keep_waiting_for_the_flush(database_url):
             "max_retries": None,
             "unique_key": None,
             "concurrency_key": None,
+            "trace_context": None,
         }
         assert commit_mode_inside(conn, sql.ENQUEUE, enqueue) == "on"
         params = {**CLAIM_PARAMS, "queues": ["default"], "worker_id": worker_id}

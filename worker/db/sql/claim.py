@@ -2,6 +2,13 @@
 
 from worker.db.sql.guard import held_by_attempt
 
+
+def _compact(statement: str) -> str:
+    """The statement without its indentation: psycopg keeps the parse of a statement only up
+    to `psycopg._queries.MAX_CACHED_STATEMENT_LENGTH`, and parses a longer one at every run."""
+    return "\n".join(line.strip() for line in statement.splitlines() if line.strip())
+
+
 # Every claim renews the worker's lease, and claims nothing if its row is gone: a rescuer
 # removed it after a silent lease (a stall, a partition), and jobs it claimed now would look
 # orphaned at once, to be run elsewhere while it runs them. It claims again once its heartbeat
@@ -130,7 +137,7 @@ def _due(queue: str, budget: str) -> str:
 # waits for its old attempt here to end, or goes to another worker; never two attempts at once.
 # A worker of one queue (the usual case) claims with the scans of that queue alone: on an idle
 # queue its round trip is shorter than the several-queue form's.
-CLAIM_ONE_QUEUE = (
+CLAIM_ONE_QUEUE = _compact(
     _LEASE
     + """, budget AS (
     SELECT worker.queue_budget((%(queues)s::text[])[1], %(limit)s) AS n
@@ -142,7 +149,7 @@ CLAIM_ONE_QUEUE = (
 # The same for a worker of several queues: the scans of each queue (`queue = ANY(...)` cannot
 # use the index order, and sorting every pending row would make each claim cost O(backlog)).
 # Rows a queue locked beyond the outer LIMIT are released at commit.
-CLAIM = (
+CLAIM = _compact(
     _LEASE
     + """, next AS (
     SELECT c.* FROM unnest(%(queues)s::text[]) AS q(name)
@@ -174,7 +181,7 @@ CLAIM = (
 # A job whose row another client holds locked (an operator's open transaction) is skipped, not
 # waited for: the batch goes through, and the job comes back with a NULL status, to be written
 # again later (it is still ours, in this attempt). NO KEY UPDATE: the lock the UPDATE takes.
-RECORD_OUTCOMES = (
+RECORD_OUTCOMES = _compact(
     """
 WITH r AS (
     SELECT * FROM json_to_recordset(CAST(%(outcomes)s AS json)) AS r(
