@@ -33,9 +33,12 @@ WITH lease AS (
 # job with no stage row yet, start its first stage in the same commit. The jobs are found by
 # primary key probes (`= ANY(ARRAY(...))`) whatever the limit: the claim runs on a plan made
 # for any limit (`worker.db.postgres.claim_pool`), and a join alone would then hash the whole table.
+# `started_at` is the moment the row is taken, not the statement's start: a claim that waited
+# (a key's lock, a busy server) takes a job once the job before it on its key has finished.
 _CLAIMED = """), claimed AS (
     UPDATE worker.jobs AS j
-    SET status = 'processing', worker_id = %(worker_id)s, started_at = now(), error = NULL
+    SET status = 'processing', worker_id = %(worker_id)s, started_at = clock_timestamp(),
+        error = NULL
     FROM next WHERE j.id = ANY(ARRAY(SELECT id FROM next)) AND j.id = next.id
     RETURNING j.id, j.task, j.payload, j.queue, j.priority, j.retry_count,
               coalesce(j.max_retries,
