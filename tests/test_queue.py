@@ -12,6 +12,7 @@ import psycopg
 import pytest
 from psycopg import ClientCursor
 from support import Processes, query, status_of, wait_for
+from support.factories import claim_params
 
 from worker import Client, InvalidJob, JobFailed, JobStatus
 from worker.db import sql
@@ -89,19 +90,7 @@ def explain_claim(url: str, statement: str, plan: str, limit: int) -> dict[str, 
         "INSERT INTO worker.workers (id, hostname, pid, queues, concurrency) "
         "VALUES (gen_random_uuid(), 'test', 1, '{default}', 10) RETURNING id",
     )[0][0]
-    params = {
-        "worker_id": worker_id,
-        "queues": ["default"],
-        "running": [],
-        "limit": limit,
-        "default_max_retries": 3,
-        "pipelines": [],
-        "first_stages": [],
-        "retry_tasks": [],
-        "retry_limits": [],
-        "key_tasks": [],
-        "key_limits": [],
-    }
+    params = claim_params(worker_id, limit=limit)
     text = getattr(sql, statement)
     explain = "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "
     with psycopg.connect(url) as conn:

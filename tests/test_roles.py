@@ -21,6 +21,7 @@ import pytest
 from chaos.harness import OwnServer, wait_until, worker_env
 from psycopg import sql as pgsql
 from support import Processes, query
+from support.factories import claim_params
 
 from worker import Client
 from worker.db import migrate, sql
@@ -90,19 +91,7 @@ def test_client_role_may_enqueue_and_read_but_not_change_jobs(database_url, logi
     refused(
         url,
         sql.CLAIM,
-        {
-            "queues": ["default"],
-            "limit": 1,
-            "worker_id": uuid.uuid4(),
-            "default_max_retries": 3,
-            "running": [],
-            "pipelines": [],
-            "first_stages": [],
-            "retry_tasks": [],
-            "retry_limits": [],
-            "key_tasks": [],
-            "key_limits": [],
-        },
+        claim_params(uuid.uuid4(), limit=1),
     )
     refused(
         url,

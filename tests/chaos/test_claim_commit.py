@@ -18,21 +18,10 @@ from typing import Any
 import psycopg
 import pytest
 from support import Processes, insert_job, insert_worker
+from support.factories import claim_params
 
 from chaos.harness import query, verify, wait_until, worker_env
 from worker.db import sql
-
-CLAIM_PARAMS: dict[str, Any] = {
-    "limit": 5,
-    "default_max_retries": 3,
-    "running": [],
-    "pipelines": [],
-    "first_stages": [],
-    "retry_tasks": [],
-    "retry_limits": [],
-    "key_tasks": [],
-    "key_limits": [],
-}
 
 
 def commit_mode_inside(conn: psycopg.Connection[Any], statement: str, params: Any) -> str:
@@ -53,7 +42,7 @@ def test_claim_commits_asynchronously_and_leaves_the_session_as_it_was(database_
     with psycopg.connect(database_url) as conn:
         conn.execute("SET synchronous_commit = on")
         conn.commit()
-        params = {**CLAIM_PARAMS, "queues": queues, "worker_id": worker_id}
+        params = claim_params(worker_id, queues=queues)
         assert commit_mode_inside(conn, statement, params) == "off"
         claimed = query(database_url, "SELECT status FROM worker.jobs WHERE id = %s", (job_id,))
         assert claimed == [("processing",)]
@@ -80,7 +69,7 @@ def test_enqueue_and_outcome_writes_keep_waiting_for_the_flush(database_url):
             "trace_context": None,
         }
         assert commit_mode_inside(conn, sql.ENQUEUE, enqueue) == "on"
-        params = {**CLAIM_PARAMS, "queues": ["default"], "worker_id": worker_id}
+        params = claim_params(worker_id)
         commit_mode_inside(conn, sql.CLAIM_ONE_QUEUE, params)
         outcome = (
             f'[{{"id": "{enqueue["id"]}", "retries": 0, "max_retries": 3, '

@@ -98,3 +98,22 @@ def dead_worker_with_orphans(
         for job in jobs
     ]
     return worker_id, orphans
+
+
+def claim_params(worker_id: object, **given: object) -> dict[str, object]:
+    """The parameters of `sql.CLAIM` and `sql.CLAIM_ONE_QUEUE` for a worker of the default
+    queue with no pipeline, retry limit or concurrency key of its own; `given` overrides."""
+    return {
+        "worker_id": worker_id,
+        "queues": ["default"],
+        "limit": 5,
+        "default_max_retries": 3,
+        "running": [],
+        "pipelines": [],
+        "first_stages": [],
+        "retry_tasks": [],
+        "retry_limits": [],
+        "key_tasks": [],
+        "key_limits": [],
+        **given,
+    }
