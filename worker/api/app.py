@@ -24,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
-import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import asdict
 from importlib import metadata, resources
@@ -49,6 +48,7 @@ from worker.api.params import (
     MAX_PAGE,
     PARSE_INLINE_BYTES,
     ApiError,
+    body_as,
     decode_cursor,
     encode_cursor,
     int_param,
@@ -303,12 +303,7 @@ class _Api:
         body = await self.object_body(request)
         if body is None:
             raise ApiError(422, "invalid body: expected a JSON object with at least a task")
-        try:
-            spec = EnqueueBody.model_validate_json(json.dumps(body))
-        except ValidationError as exc:
-            raise invalid(exc, "body") from None
-        except RecursionError:
-            raise ApiError(422, "invalid body: payload: nested too deeply") from None
+        spec = body_as(EnqueueBody, body)
         try:
             job = await self.client.enqueue(
                 spec.task,
@@ -378,10 +373,7 @@ class _Api:
 
     async def limit_queue(self, request: Request) -> Response:
         def limit(name: str, body: Any) -> Awaitable[QueueState]:
-            try:
-                limits = LimitBody.model_validate_json(json.dumps(body or {}))
-            except ValidationError as exc:
-                raise invalid(exc, "body") from None
+            limits = body_as(LimitBody, body or {})
             return self.client.limit_queue(
                 name, concurrency=limits.concurrency, rate=limits.rate, burst=limits.burst
             )

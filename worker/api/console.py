@@ -18,7 +18,6 @@ workers write (`worker.daemon.plugins.rollup`), never the jobs' history.
 
 from __future__ import annotations
 
-import json
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
@@ -34,10 +33,10 @@ from worker.api.params import (
     DEFAULT_PAGE,
     MAX_PAGE,
     ApiError,
+    body_as,
     decode_cursor,
     encode_cursor,
     int_param,
-    invalid,
     path_job_id,
     text_param,
 )
@@ -177,10 +176,7 @@ class Console:
         raw = await self.api.object_body(request)
         if raw is None:
             raise ApiError(422, "invalid body: expected a JSON object with a verb and expected")
-        try:
-            body = BulkBody.model_validate_json(json.dumps(raw))
-        except ValidationError as exc:
-            raise invalid(exc, "body") from None
+        body = body_as(BulkBody, raw)
         f = body.filter
         where = ConsoleFilter(tab=f.tab, q=f.q or None, queue=f.queue, task=f.task, since=f.since)
         async with self.api.session() as conn:

@@ -11,10 +11,10 @@ import json
 import math
 import re
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 
 from worker.ids import job_id_text
@@ -65,6 +65,20 @@ def invalid(error: ValidationError, what: str) -> ApiError:
     ]
     first = detail[0]
     return ApiError(422, f"invalid {what}: {first['loc']}: {first['msg']}", detail=detail)
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def body_as(model: type[M], body: dict[str, Any]) -> M:
+    """A JSON object body read as `model` (in JSON mode, so `3.0` is an integer and a string is
+    not), or a 422 naming the field it refused."""
+    try:
+        return model.model_validate_json(json.dumps(body))
+    except ValidationError as exc:
+        raise invalid(exc, "body") from None
+    except RecursionError:
+        raise ApiError(422, "invalid body: nested too deeply") from None
 
 
 def path_job_id(request: Request) -> str:
