@@ -70,13 +70,19 @@ def _parent(stored: Any) -> Any:
     return propagate.extract(stored) if isinstance(stored, dict) and stored else None
 
 
-@contextlib.contextmanager
-def attempt_span(job: ClaimedJob) -> Iterator[Any]:
+# What a span context is without OpenTelemetry: one shared context that does nothing, so the
+# per-job path builds no generator for it.
+_NO_SPAN: contextlib.nullcontext[None] = contextlib.nullcontext()
+
+
+def attempt_span(job: ClaimedJob) -> contextlib.AbstractContextManager[Any]:
     """The span of one attempt at `job`, current while it runs: a child of the span the job
-    was enqueued in. Yields None when OpenTelemetry is not installed."""
-    if not ENABLED:
-        yield None
-        return
+    was enqueued in. Gives None when OpenTelemetry is not installed."""
+    return _attempt_span(job) if ENABLED else _NO_SPAN
+
+
+@contextlib.contextmanager
+def _attempt_span(job: ClaimedJob) -> Iterator[Any]:
     with _tracer().start_as_current_span(
         f"run {job.task}",
         context=_parent(job.trace_context),
@@ -108,15 +114,18 @@ def ended(span: Any, job: ClaimedJob, outcome: Outcome) -> None:
         span.set_status(Status(StatusCode.ERROR, first_line))
 
 
-@contextlib.contextmanager
 def stage_span(
     job: ClaimedJob, stage: str, not_failures: tuple[type[BaseException], ...] = ()
-) -> Iterator[None]:
+) -> contextlib.AbstractContextManager[None]:
     """The span of one run of a pipeline stage, a child of its attempt's span. An exception
     of `not_failures` (a snooze, a pause, a cancel) ends it without an error."""
-    if not ENABLED:
-        yield
-        return
+    return _stage_span(job, stage, not_failures) if ENABLED else _NO_SPAN
+
+
+@contextlib.contextmanager
+def _stage_span(
+    job: ClaimedJob, stage: str, not_failures: tuple[type[BaseException], ...]
+) -> Iterator[None]:
     with _tracer().start_as_current_span(
         f"stage {stage}",
         attributes={"worker.stage": stage, "worker.job.id": job.id},

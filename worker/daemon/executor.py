@@ -120,13 +120,10 @@ class Executor:
         began = time.monotonic()
         _running_job.set(job.id)
         try:
-            if tracing.ENABLED:
-                # The attempt's span continues the trace the job was enqueued in.
-                with tracing.attempt_span(job) as span:
-                    outcome = await self._outcome(job, cancel)
-                    tracing.ended(span, job, outcome)
-            else:
+            # The attempt's span continues the trace the job was enqueued in.
+            with tracing.attempt_span(job) as span:
                 outcome = await self._outcome(job, cancel)
+                tracing.ended(span, job, outcome)
         except asyncio.CancelledError:
             return  # shutting down: the job is handed back by the worker's shutdown
         finally:
