@@ -6,7 +6,6 @@ workers' duty, run here once per call.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
@@ -14,9 +13,10 @@ import psycopg
 import pytest
 from starlette.testclient import TestClient
 from support import insert_job, insert_worker, query, status_of
+from support.duties import roll_up
 
 from worker.api import create_app
-from worker.daemon.plugins.rollup import Rollup, stage_plans
+from worker.daemon.plugins.rollup import stage_plans
 from worker.stages.pipeline import Pipeline
 
 TOKEN = "console-token-7c1"
@@ -198,7 +198,7 @@ def test_the_workers_publish_each_pipeline_s_stages_for_the_job_view(http, datab
         return None
 
     assert stage_plans({"console_flow": flow}) == {"console_flow": (["fetch", "store"], ["tidy"])}
-    asyncio.run(Rollup(database_url, {"console_flow": flow}).once())
+    roll_up(database_url, {"console_flow": flow})
     job = insert_job(database_url, "console_flow")
     view = http.get(f"/console/jobs/{job}").json()
     assert view["stages"] == ["fetch", "store"] and view["cleanups"] == ["tidy"]
@@ -210,8 +210,7 @@ def test_the_rollup_counts_each_minute_once_however_often_it_runs(http, database
     insert_job(database_url, "mail", status="failed", finished_at="sql:now()")
     for _ in range(4):
         insert_job(database_url, "mail", queue="reports")
-    rollup = Rollup(database_url, {})
-    assert asyncio.run(rollup.once()) and asyncio.run(rollup.once())
+    assert roll_up(database_url, times=2) == [True, True]
 
     chart = http.get("/console/charts", params={"window": "hour"}).json()
     assert chart["bucket_seconds"] == 60 and len(chart["outcomes"]) == 60
@@ -230,7 +229,7 @@ def test_the_rollup_forgets_old_minutes_and_a_minute_not_sampled_reads_none(http
         "(date_trunc('minute', now()) - interval '3 days', 'old', 'x', 1), "
         "(date_trunc('minute', now()) - interval '30 minutes', 'reports', 'render', 2)",
     )
-    asyncio.run(Rollup(database_url, {}).once())
+    roll_up(database_url)
     assert query(database_url, "SELECT count(*) FROM worker.job_rollups WHERE queue = 'old'") == [
         (0,)
     ]
@@ -260,8 +259,8 @@ def test_a_bulk_retry_leaves_a_job_whose_unique_key_is_taken(http, database_url)
 def test_one_worker_rolls_up_at_a_time(database_url):
     with psycopg.connect(database_url, autocommit=False) as holder:
         holder.execute("SELECT pg_advisory_xact_lock(hashtextextended('worker.job_rollups', 0))")
-        assert asyncio.run(Rollup(database_url, {}).once()) is False
-    assert asyncio.run(Rollup(database_url, {}).once()) is True
+        assert roll_up(database_url) == [False]
+    assert roll_up(database_url) == [True]
 
 
 def test_the_runner_role_writes_the_rollup_and_the_client_role_reads_it(database_url):

@@ -8,7 +8,6 @@ a process of its own; jobs are real rows, run by a real worker where a test need
 
 from __future__ import annotations
 
-import asyncio
 from datetime import UTC, datetime, timedelta
 
 from support import (
@@ -21,10 +20,10 @@ from support import (
     wait_for,
 )
 from support.browser import BROWSER, chromium_page, overflow, screenshot
+from support.duties import roll_up
 from test_api import start_api
 
 from worker import Client
-from worker.daemon.plugins.rollup import Rollup
 
 pytestmark = BROWSER
 
@@ -85,7 +84,7 @@ def test_which_queue_is_backing_up_and_since_when(env, database_url, processes, 
         "SELECT date_trunc('minute', now()) - make_interval(mins => m), 'mail', 'send', 3 "
         "FROM generate_series(1, 40) AS m",
     )
-    asyncio.run(Rollup(database_url, {}).once())  # this minute's sample
+    roll_up(database_url)  # this minute's sample
     since = (datetime.now(UTC) - timedelta(minutes=20)).replace(second=0, microsecond=0)
 
     with chromium_page() as page:

@@ -159,6 +159,30 @@ def test_every_relative_link_reaches_an_existing_file_and_heading(page: Path) ->
     assert not broken, f"{page.relative_to(ROOT)}: " + "; ".join(broken)
 
 
+def test_the_readme_s_layout_table_names_every_module() -> None:
+    """A newcomer finds each file from the README: a module is named in its folder's row
+    (`worker/db/` names `connect.py`), or its subfolder is (`sql/`, `plugins/`)."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = text[text.index("## How the code is laid out") :]
+    section = section[: section.find("\n## ", 1)]
+    rows = re.findall(r"^\| (.+?) \| (.+) \|$", section, re.MULTILINE)
+    unnamed = []
+    for path in sorted((ROOT / "worker").rglob("*.py")):
+        module = path.relative_to(ROOT).as_posix()
+        if path.name in ("__init__.py", "__main__.py") or f"`{module}`" in section:
+            continue
+        named = False
+        for folders, what in rows:
+            for folder in re.findall(r"`(worker/\S*/)`", folders):
+                inner = module.removeprefix(folder)
+                if inner != module:
+                    sub = inner.partition("/")[0] + "/"
+                    named |= f"`{inner}`" in what or ("/" in inner and f"`{sub}`" in what)
+        if not named:
+            unnamed.append(module)
+    assert not unnamed, f"README.md's layout table does not name: {unnamed}"
+
+
 def test_the_readme_links_into_every_docs_page() -> None:
     linked = {
         (ROOT / target.partition("#")[0]).resolve()

@@ -10,6 +10,9 @@ from typing import Any
 import psycopg
 from support import insert_job, insert_worker, query
 
+from worker.db import sql
+from worker.db.sql import console as console_sql
+
 FINISHED_ROWS = 1_200_000
 
 
@@ -180,7 +183,7 @@ def rows_read(node: dict[str, Any]) -> float:
     return float(kept + node.get("Rows Removed by Index Recheck", 0)) * node.get("Actual Loops", 1)
 
 
-def test_admin_views_stay_on_indexes_with_millions_of_finished_rows(database_url):
+def test_admin_views_and_depth_counts_stay_on_indexes_with_millions_of_finished_rows(database_url):
     url = database_url
     # Sequential ids and times: a fast, realistic history (1 failure in 500, 1 cancel in 97),
     # finished over the last ~5 days, all more than an hour ago.
@@ -249,6 +252,16 @@ def test_admin_views_stay_on_indexes_with_millions_of_finished_rows(database_url
         read = sum(rows_read(n) for n in nodes)
         assert read <= bound * 1.1 + 10, (view, read, bound)  # not the finished history
         assert elapsed_ms < 2000, (view, elapsed_ms)
+
+    # Each queue's depth, which every worker's rollup samples and `client.queues()` reads, comes
+    # from the live rows' partial indexes, whatever the history holds.
+    for statement, params in ((console_sql.SAMPLE_DEPTH, None), (sql.QUEUE_STATES, {"name": None})):
+        (row,) = query(url, f"EXPLAIN (FORMAT JSON) {statement}", params)
+        plan = row[0][0]["Plan"]  # type: ignore[index]
+        nodes = [n for n in scans(plan) if n.get("Relation Name") == "jobs"]
+        assert nodes and all(n["Node Type"] != "Seq Scan" for n in nodes), statement
+        used = {n.get("Index Name") for n in scans(plan)}  # a bitmap scan's index is its child's
+        assert {"jobs_runnable_idx", "jobs_processing_idx"} <= used, (statement, used)
 
 
 def scans_with_indexes(url: str, view: str) -> list[dict[str, Any]]:

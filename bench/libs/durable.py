@@ -144,12 +144,13 @@ def pipeline_adapter() -> harness.Adapter:
 
 
 # Finished history for the "big table" drain: completed jobs, as a busy queue keeps them for
-# the retention period (7 days by default).
+# the retention period (7 days by default). Two days old: past the day that the console's
+# rollup reads once on a database it has not rolled up yet, which a copy of the template is.
 FILL_FINISHED = """
 INSERT INTO worker.jobs (task, payload, status, result, created_at, started_at, finished_at,
                          run_at, worker_id)
 SELECT 'bench.noop', jsonb_build_object('i', g), 'completed', 'null'::jsonb,
-       now() - interval '1 day', now() - interval '1 day', now() - interval '1 day',
-       now() - interval '1 day', gen_random_uuid()
+       now() - interval '2 days', now() - interval '2 days', now() - interval '2 days',
+       now() - interval '2 days', gen_random_uuid()
 FROM generate_series(1, %(n)s) AS g
 """

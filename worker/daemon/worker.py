@@ -154,8 +154,7 @@ class Worker:
         ]
         if self.settings.retention_enabled:
             plugins.append(Retention(self.driver, self.settings))
-        if isinstance(self.driver, PostgresDriver):
-            plugins.append(Rollup(self.url, self.registry))
+        plugins.append(Rollup(self.driver, self.registry))
         schedules = [s for s in SCHEDULES.values() if s.task in self.registry]
         if schedules:
             plugins.append(Scheduler(self.driver, schedules))

@@ -17,9 +17,8 @@ from uuid import UUID
 
 from psycopg.types.json import Jsonb
 
-from worker.db.admin import Conn, _JobStatusRow, _rows
+from worker.db.admin import Conn, JobRow, _rows
 from worker.db.sql import console as sql
-from worker.models import JobStatus
 
 
 class Tab(enum.StrEnum):
@@ -62,21 +61,11 @@ class ConsoleFilter:
 
 
 @dataclass(frozen=True)
-class ConsoleJobRow(_JobStatusRow):
-    """One row of the console's list; `error` is its first line, the worker its holder's."""
+class ConsoleJobRow(JobRow):
+    """One row of the console's list: a `JobRow`, with its retry limit, whether a cancel was
+    asked, and its holder's host and pid."""
 
-    id: UUID
-    queue: str
-    task: str
-    status: JobStatus
-    priority: int
-    retry_count: int
     max_retries: int | None
-    error: str | None
-    created_at: datetime
-    run_at: datetime
-    started_at: datetime | None
-    finished_at: datetime | None
     cancel_requested: bool
     worker_host: str | None
     worker_pid: int | None

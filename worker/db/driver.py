@@ -17,7 +17,7 @@ What this does not do: it does not retry, nor decide what an outage means (see t
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Final, Protocol
@@ -151,6 +151,10 @@ class EventWrite:
     created_at: datetime
 
 
+# Each pipeline's stages and its cleanups (`ALL_DONE` stages), by task, in the order they run.
+StagePlans = Mapping[str, tuple[list[str], list[str]]]
+
+
 class Closable(Protocol):
     """A subscription: `close` it to stop hearing."""
 
@@ -230,6 +234,13 @@ class Driver(Protocol):
         """Enqueue the job of schedule `key`'s `tick` unless its row has a tick as late: the
         new job's id, or None (another worker fired it, or the schedule is new: its row is
         created at `tick`, with no job)."""
+
+    async def publish_stage_plans(self, plans: StagePlans) -> None:
+        """Record each pipeline's stages and cleanups, for the console."""
+
+    async def roll_up(self) -> bool:
+        """Count the recent outcomes and sample each queue's depth for the console's charts;
+        False if another worker has this turn."""
 
     # -- progress events --------------------------------------------------------------------
 

@@ -53,6 +53,7 @@ if TYPE_CHECKING:
         OutcomeWrite,
         Registration,
         RetryPolicy,
+        StagePlans,
         StageWrite,
     )
 
@@ -117,6 +118,8 @@ class MemoryDriver:
         self.events: list[ProgressEvent] = []
         self.locked: set[str] = set()  # rows another client holds locked
         self.schedules: dict[str, datetime] = {}  # a schedule's key: its latest tick taken
+        self.stage_plans: dict[str, tuple[list[str], list[str]]] = {}
+        self.rollups = 0  # rollups taken: the memory driver keeps no charts, only their count
         self.unreachable = False
         self.claims = 0  # claim statements answered, for tests of the claim loop
         self._subscribers: list[tuple[str, Callable[[str | None], None]]] = []
@@ -416,6 +419,15 @@ class MemoryDriver:
         job_id = self.enqueue(task)
         self.jobs[job_id].run_at = time.monotonic() + (tick - datetime.now(UTC)).total_seconds()
         return job_id
+
+    async def publish_stage_plans(self, plans: StagePlans) -> None:
+        self._reachable()
+        self.stage_plans.update(plans)
+
+    async def roll_up(self) -> bool:
+        self._reachable()
+        self.rollups += 1
+        return True
 
     async def publish_events(self, batch: Sequence[EventWrite]) -> list[str]:
         self._reachable()

@@ -26,7 +26,7 @@ from psycopg.types.json import set_json_loads
 from psycopg.types.string import TextLoader
 from psycopg_pool import AsyncConnectionPool
 
-from worker.db import sql
+from worker.db import console, sql
 from worker.db.connect import aconnect, async_pool, pooled
 from worker.db.driver import (
     LOCKED,
@@ -39,6 +39,7 @@ from worker.db.driver import (
     Registration,
     RescuedJob,
     RetryPolicy,
+    StagePlans,
     StageWrite,
 )
 from worker.db.errors import EVENTS_REFUSED, Refused
@@ -388,6 +389,14 @@ class PostgresDriver:
         params = {"key": key, "task": task, "spec": spec, "tick": tick}
         rows = await fetch(self.pool, sql.FIRE_TICK, params)
         return str(rows[0][0]) if rows else None
+
+    async def publish_stage_plans(self, plans: StagePlans) -> None:
+        async with self.pool.connection() as conn:
+            await console.publish_stages(conn, plans)
+
+    async def roll_up(self) -> bool:
+        async with self.pool.connection() as conn:
+            return await console.roll_up(conn)
 
     # -- progress events --------------------------------------------------------------------
 

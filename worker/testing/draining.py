@@ -21,7 +21,7 @@ worker's scheduler runs as in `worker run`), and it does not wait for jobs of ot
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine, Iterable, Mapping, Sequence
+from collections.abc import Coroutine, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -37,10 +37,10 @@ from worker.daemon.stage_store import DaemonStageStore
 from worker.daemon.worker import Worker
 from worker.db import sql
 from worker.db.connect import aconnect
-from worker.db.driver import RecordedOutcome
+from worker.db.driver import RecordedOutcome, StageWrite
 from worker.db.embedded import database_url
 from worker.db.url import psycopg_url
-from worker.models import ClaimedJob, StageStatus
+from worker.models import StageStatus
 from worker.settings import Settings, get_settings
 from worker.stages import Pipeline
 from worker.tasks import REGISTRY
@@ -99,32 +99,11 @@ class _CrashingStore(DaemonStageStore):
         self._worker = worker
         self._stage = stage
 
-    async def advance(
-        self,
-        job: ClaimedJob,
-        done: str,
-        output: Any,
-        stage: str,
-        kind: str,
-        attempt: int,
-        waiting: Sequence[str] = (),
-    ) -> float:
-        age = await super().advance(job, done, output, stage, kind, attempt, waiting)
-        if done == self._stage:
-            await self._worker.crash(job)
+    async def _run(self, doing: str, write: StageWrite) -> float:
+        age = await super()._run(doing, write)
+        if write.ended == self._stage and write.status is StageStatus.COMPLETED:
+            await self._worker.crash(write.job_id)
         return age
-
-    async def finished(
-        self,
-        job: ClaimedJob,
-        stage: str,
-        status: str,
-        output: Any = None,
-        error: str | None = None,
-    ) -> None:
-        await super().finished(job, stage, status, output, error)
-        if stage == self._stage and status == StageStatus.COMPLETED:  # a cleanup's end
-            await self._worker.crash(job)
 
 
 class _DrainWorker(Worker):
@@ -144,16 +123,16 @@ class _DrainWorker(Worker):
             self.ran.pop(row.id, None)
             self.ran[row.id] = None
 
-    async def crash(self, job: ClaimedJob) -> None:
+    async def crash(self, job_id: str) -> None:
         """Lose this attempt and every job the worker holds, as a kill would; never returns."""
         if self.crashed is None:
-            self.crashed = job.id
+            self.crashed = job_id
             # Gone from `worker.workers`, the worker claims nothing more, and the rescue takes
             # back each job it holds as it would a dead worker's: pending, the attempt counted.
             await self.driver.deregister_worker(self.id)
             await self.driver.rescue(self.settings.lease_seconds, lambda: True)
-            self.ran.pop(job.id, None)
-            self.ran[job.id] = None
+            self.ran.pop(job_id, None)
+            self.ran[job_id] = None
             self.crash_done.set()
             self.request_stop()
         await asyncio.Event().wait()  # the stop cancels the attempt here: it writes no more

@@ -4,7 +4,8 @@ Every `INTERVAL` seconds (jittered) one worker of the fleet counts the recent ou
 from the rows and samples the depth of every queue into `worker.job_rollups` (see
 `worker.db.sql.console`); the others find its turn taken and skip. At start it publishes its
 registry's pipelines and their stages to `worker.task_stages`, so the console lists the
-stages a job has yet to run. A failure is logged and tried again next time.
+stages a job has yet to run. A failure is logged and tried again next time; on a database
+without the rollup's migration, that is said once.
 
 What this does not do: it reads no history past the minutes it rolls up, and it changes no job.
 """
@@ -19,8 +20,7 @@ from collections.abc import Mapping
 import psycopg
 
 from worker.attempt import Executable
-from worker.db import console
-from worker.db.connect import aconnect
+from worker.db.driver import Driver
 from worker.db.errors import TRANSIENT, describe
 from worker.logs import fields
 from worker.stages.pipeline import Pipeline
@@ -30,6 +30,8 @@ log = logging.getLogger("worker.daemon")
 # Several runs per minute, so the current minute's depth is sampled a few times and a closed
 # minute's outcomes are final within seconds.
 INTERVAL = 15.0
+# A database the workers' release is ahead of: its table or functions are not there yet.
+UNMIGRATED = (psycopg.errors.UndefinedTable, psycopg.errors.UndefinedFunction)
 
 
 def stage_plans(registry: Mapping[str, Executable]) -> dict[str, tuple[list[str], list[str]]]:
@@ -47,20 +49,20 @@ class Rollup:
     name = "rollup"
 
     def __init__(
-        self, url: str, registry: Mapping[str, Executable], interval: float = INTERVAL
+        self, driver: Driver, registry: Mapping[str, Executable], interval: float = INTERVAL
     ) -> None:
-        self._url = url
+        self._driver = driver
         self._plans = stage_plans(registry)
         self.interval = interval
         self._published = False
+        self._unmigrated = False
 
     async def once(self) -> bool:
         """One run: the stage lists if not yet, then the rollup; False if another had its turn."""
-        async with await aconnect(self._url, "durable-worker-rollup") as conn:
-            if not self._published:
-                await console.publish_stages(conn, self._plans)
-                self._published = True
-            return await console.roll_up(conn)
+        if not self._published:
+            await self._driver.publish_stage_plans(self._plans)
+            self._published = True
+        return await self._driver.roll_up()
 
     async def run(self) -> None:
         delay = 0.0
@@ -71,6 +73,14 @@ class Rollup:
                 await self.once()
             except TRANSIENT as exc:
                 log.debug("rollup skipped: %s", type(exc).__name__)
+            except UNMIGRATED as exc:  # said once: the charts wait for `worker migrate`
+                if not self._unmigrated:
+                    self._unmigrated = True
+                    log.warning(
+                        "the console's charts are off until `worker migrate` adds their table (%s)",
+                        describe(exc),
+                        extra=fields("rollup.unmigrated", error=describe(exc)),
+                    )
             except psycopg.Error as exc:  # the charts lag; jobs still run; the operator is told
                 error = describe(exc)
                 log.error(

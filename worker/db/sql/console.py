@@ -168,16 +168,18 @@ SET completed = EXCLUDED.completed, failed = EXCLUDED.failed
 """
 
 # The depth of every queue and task now, kept as the most seen in the current minute; reads
-# the live rows only. A queue and task that had jobs in the last ten minutes and has none now
-# is sampled as 0, so its drained minutes read 0 and a minute no worker sampled reads none.
+# the live rows only, each status by its own partial index (`jobs_runnable_idx`,
+# `jobs_processing_idx`): one `status IN (...)` matches neither, and scans the whole history.
+# A queue and task that had jobs in the last ten minutes and has none now is sampled as 0, so
+# its drained minutes read 0 and a minute no worker sampled reads none.
 SAMPLE_DEPTH = """
 INSERT INTO worker.job_rollups AS r (minute, queue, task, pending, processing)
 SELECT date_trunc('minute', now()), queue, task, sum(pending), sum(processing)
 FROM (
-    SELECT queue, task,
-           count(*) FILTER (WHERE status = 'pending' AND run_at <= now()) AS pending,
-           count(*) FILTER (WHERE status = 'processing') AS processing
-    FROM worker.jobs WHERE status IN ('pending', 'processing')
+    SELECT queue, task, count(*) FILTER (WHERE run_at <= now()) AS pending, 0 AS processing
+    FROM worker.jobs WHERE status = 'pending' GROUP BY queue, task
+    UNION ALL
+    SELECT queue, task, 0, count(*) FROM worker.jobs WHERE status = 'processing'
     GROUP BY queue, task
     UNION ALL
     SELECT DISTINCT queue, task, 0, 0 FROM worker.job_rollups

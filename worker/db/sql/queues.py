@@ -6,14 +6,16 @@ wakes idle workers (`worker_jobs`, the queue's name), so claims start again at o
 """
 
 # A queue's settings and depth, for one queue (`name`) or for all (NULL): every queue with a
-# row or with live jobs. Depth counts live rows only (the partial indexes hold them).
+# row or with live jobs. Depth counts live rows only, each status by its own partial index
+# (`jobs_runnable_idx`, `jobs_processing_idx`): one `status IN (...)` would scan the history.
 QUEUE_STATES = """
-WITH depth AS (
-    SELECT queue,
-           count(*) FILTER (WHERE status = 'pending') AS pending,
-           count(*) FILTER (WHERE status = 'processing') AS processing
-    FROM worker.jobs WHERE status IN ('pending', 'processing')
-      AND (CAST(%(name)s AS text) IS NULL OR queue = %(name)s)
+WITH live AS (
+    SELECT queue, 1 AS pending, 0 AS processing FROM worker.jobs WHERE status = 'pending'
+    UNION ALL
+    SELECT queue, 0, 1 FROM worker.jobs WHERE status = 'processing'
+), depth AS (
+    SELECT queue, sum(pending) AS pending, sum(processing) AS processing FROM live
+    WHERE CAST(%(name)s AS text) IS NULL OR queue = %(name)s
     GROUP BY queue
 )
 SELECT coalesce(q.name, d.queue) AS name, coalesce(q.paused, false) AS paused,
