@@ -9,7 +9,6 @@ client for each job).
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -18,6 +17,7 @@ from uuid import UUID
 from psycopg.types.json import Jsonb
 
 from worker.db.admin import Conn, JobRow, _rows
+from worker.db.driver import StagePlans
 from worker.db.sql import console as sql
 
 
@@ -192,7 +192,7 @@ async def roll_up(conn: Conn) -> bool:
     return True
 
 
-async def publish_stages(conn: Conn, plans: Mapping[str, tuple[list[str], list[str]]]) -> None:
+async def publish_stages(conn: Conn, plans: StagePlans) -> None:
     """Record each pipeline's stages and cleanups, in the order they run."""
     if not plans:
         return

@@ -118,7 +118,7 @@ class MemoryDriver:
         self.events: list[ProgressEvent] = []
         self.locked: set[str] = set()  # rows another client holds locked
         self.schedules: dict[str, datetime] = {}  # a schedule's key: its latest tick taken
-        self.stage_plans: dict[str, tuple[list[str], list[str]]] = {}
+        self.stage_plans: StagePlans = {}
         self.rollups = 0  # rollups taken: the memory driver keeps no charts, only their count
         self.unreachable = False
         self.claims = 0  # claim statements answered, for tests of the claim loop
@@ -422,7 +422,7 @@ class MemoryDriver:
 
     async def publish_stage_plans(self, plans: StagePlans) -> None:
         self._reachable()
-        self.stage_plans.update(plans)
+        self.stage_plans = {**self.stage_plans, **plans}
 
     async def roll_up(self) -> bool:
         self._reachable()

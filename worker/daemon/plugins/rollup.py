@@ -20,7 +20,7 @@ from collections.abc import Mapping
 import psycopg
 
 from worker.attempt import Executable
-from worker.db.driver import Driver
+from worker.db.driver import Driver, StagePlans
 from worker.db.errors import TRANSIENT, describe
 from worker.logs import fields
 from worker.stages.pipeline import Pipeline
@@ -34,7 +34,7 @@ INTERVAL = 15.0
 UNMIGRATED = (psycopg.errors.UndefinedTable, psycopg.errors.UndefinedFunction)
 
 
-def stage_plans(registry: Mapping[str, Executable]) -> dict[str, tuple[list[str], list[str]]]:
+def stage_plans(registry: Mapping[str, Executable]) -> StagePlans:
     """Each pipeline's stages and its cleanups (`ALL_DONE` stages), in the order they run."""
     return {
         name: ([s.name for s in entry.main_stages], [s.name for s in entry.cleanups])
