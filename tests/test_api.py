@@ -25,6 +25,7 @@ from support.api import TOKEN, Sse, publish_progress, sse_messages, start_api
 
 from worker import Client
 from worker.api import create_app
+from worker.db.postgres import EVENTS_APPLICATION_NAME, LISTENER_NAME
 
 
 def stored_event_ids(url: str, job_id: str) -> list[int]:
@@ -197,6 +198,19 @@ def test_streams_after_the_apis_connections_were_cut_get_events_at_once(
         assert {m.data["message"]["i"] for m in seen} == {0}
         last = seen[0].id
         assert last is not None
+        # The listener connects on its own thread: cut only once it and a reader are both up.
+        wait_for(
+            lambda: (
+                query(
+                    database_url,
+                    "SELECT count(DISTINCT application_name) FROM pg_stat_activity "
+                    "WHERE application_name IN (%s, %s)",
+                    (EVENTS_APPLICATION_NAME, LISTENER_NAME),
+                )[0][0]
+                == 2
+            ),
+            message="the API's reader and listener sessions",
+        )
         killed = query(
             database_url,
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "

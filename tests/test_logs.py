@@ -32,7 +32,10 @@ def events_of(lines: list[dict[str, Any]], job_id: str) -> list[str]:
 def test_worker_logs_each_job_transition_and_its_lifecycle_as_json(
     env, database_url, processes: Processes
 ):
-    proc = processes.worker(env, "testtasks", extra=JSON_ENV)
+    # A retry's backoff long enough that its outcome's line is written before the retry is
+    # due: with the tests' 50 ms, a loaded machine can log the second start first.
+    slow_retry = {**JSON_ENV, "WORKER_RETRY_BACKOFF_BASE": "1", "WORKER_RETRY_BACKOFF_MAX": "1"}
+    proc = processes.worker(env, "testtasks", extra=slow_retry)
     client = Client(database_url)
     done = client.enqueue("add", {"a": 1, "b": 2})
     flaky = client.enqueue("fails_then_succeeds", {"key": "f", "failures": 1})

@@ -246,6 +246,47 @@ def test_the_claim_loop_waits_out_an_outage_and_loses_no_job() -> None:
     assert {job.status for job in driver.jobs.values()} == {JobStatus.COMPLETED}
 
 
+class SlowOutcomes(MemoryDriver):
+    """Outcome writes wait until `written` is set: an outcome still on its way."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.written = asyncio.Event()
+
+    async def record_outcomes(self, *args: Any, **kwargs: Any) -> Any:
+        await self.written.wait()
+        return await super().record_outcomes(*args, **kwargs)
+
+
+def test_a_job_whose_claim_was_lost_is_not_claimed_again_until_its_old_outcome_is_refused() -> None:
+    """A claim lost in a server crash leaves the job pending with its attempt unchanged; were
+    the worker to claim it again while the old attempt's outcome is unwritten, that outcome
+    would pass the guard and finish the job the new attempt is running."""
+    driver = SlowOutcomes()
+    runs: list[int] = []
+
+    async def main() -> None:
+        async def counted(payload: dict[str, Any]) -> int:
+            runs.append(len(runs) + 1)
+            if len(runs) == 1:  # the server lost the claim: the row is as before it
+                job = driver.jobs[job_id]
+                job.status, job.worker_id, job.started_at = JobStatus.PENDING, None, None
+            return len(runs)
+
+        async with running(
+            driver, registry(counted=counted), WORKER_POLL_MIN=0.01, WORKER_POLL_MAX=0.02
+        ):
+            await asyncio.sleep(0.3)  # many claims while the first outcome is unwritten
+            assert runs == [1]
+            driver.written.set()
+            await settled(driver, job_id)
+
+    job_id = driver.enqueue("counted")
+    asyncio.run(main())
+    assert runs == [1, 2]
+    assert driver.jobs[job_id].result == 2  # the run after the lost claim, not the first
+
+
 def test_the_claim_loop_refuses_a_move_its_state_machine_does_not_name() -> None:
     queue = local_queue.LocalQueue(
         MemoryDriver(),

@@ -42,14 +42,14 @@ class Completer:
         settings: Settings,
         patience: Patience,
         publish: Callable[[ProgressEvent], None],
-        on_recorded: Callable[[list[RecordedOutcome]], None] | None = None,
+        on_written: Callable[[list[RecordedOutcome], list[str]], None] | None = None,
     ) -> None:
         self._driver = driver
         self._worker_id = worker_id
         self._policy = RetryPolicy(settings.retry_backoff_base, settings.retry_backoff_max)
         self._patience = patience
         self._publish = publish
-        self._on_recorded = on_recorded
+        self._on_written = on_written
         self._batcher: Batcher[OutcomeWrite, RecordedOutcome | None] = Batcher(
             self._write,
             judge=_judge,
@@ -89,6 +89,7 @@ class Completer:
         answers: Sequence[RecordedOutcome | Locked | None] | None,
     ) -> None:
         recorded: list[RecordedOutcome] = []
+        refused: list[str] = []  # no longer ours: rescued, or its claim was lost
         # No answers (a write that answers nothing) records nothing.
         for item, answer in zip(batch, answers or [None] * len(batch), strict=True):
             if isinstance(answer, RecordedOutcome):
@@ -98,8 +99,10 @@ class Completer:
                 for event in item.outcome.events:
                     if _agrees(event, answer.status):
                         self._publish(event)
-        if self._on_recorded is not None:
-            self._on_recorded(recorded)
+            elif answer is None and answers is not None:
+                refused.append(item.job_id)
+        if self._on_written is not None:
+            self._on_written(recorded, refused)
 
 
 def _job_of(item: OutcomeWrite) -> str:

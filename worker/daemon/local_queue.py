@@ -202,7 +202,10 @@ class LocalQueue:
             try:
                 if self.holdings_uncertain:
                     await self.release_unrun_holdings()
-                jobs = await self._driver.claim(spec, free, [*self.held, *self.executor.stuck])
+                # Not a job whose outcome is on its way: were its claim lost in a server crash,
+                # a claim now would let the old attempt's outcome pass the guard.
+                running = [*self.held, *self.unwritten, *self.executor.stuck]
+                jobs = await self._driver.claim(spec, free, running)
             except TRANSIENT as exc:
                 # The claim may have committed with its answer lost: check before the next one.
                 self.holdings_uncertain = True
@@ -271,7 +274,8 @@ class LocalQueue:
         self.slot_freed.set()
 
     def recorded(self, job_ids: list[str]) -> None:
-        """The jobs' outcomes are written: they are no longer this worker's."""
+        """The jobs' outcomes are written, or refused as no longer ours: either way they are
+        no longer this worker's."""
         self.unwritten.difference_update(job_ids)
 
     def wake(self) -> None:

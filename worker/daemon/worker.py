@@ -252,8 +252,8 @@ class Worker:
             extra=fields("worker.stopped", worker_id=self.id, processed=self.processed),
         )
 
-    def _recorded(self, rows: list[RecordedOutcome]) -> None:
-        self._local.recorded([row.id for row in rows])
+    def _recorded(self, rows: list[RecordedOutcome], refused: list[str]) -> None:
+        self._local.recorded([row.id for row in rows] + refused)
         self.processed += len(rows)
         if self.on_recorded is not None:
             self.on_recorded(rows)

@@ -136,8 +136,10 @@ def _due(queue: str, budget: str) -> str:
 # queue than its budget (`worker.queue_budget`, migration 0008: a pause, a concurrency limit,
 # a rate); within a queue a priority is only scanned while that LIMIT is not met, so no row
 # beyond it is locked.
-# A job this worker still runs is skipped (`running`): after a missed lease a rescued job
-# waits for its old attempt here to end, or goes to another worker; never two attempts at once.
+# A job this worker still runs, or whose outcome it has not written yet, is skipped (`running`):
+# after a missed lease a rescued job waits for its old attempt here to end, or goes to another
+# worker; never two attempts at once. A job whose claim a server crash lost (its attempt
+# unchanged) is not claimed again here before the old attempt's outcome is refused.
 # A worker of one queue (the usual case) claims with the scans of that queue alone: on an idle
 # queue its round trip is shorter than the several-queue form's.
 CLAIM_ONE_QUEUE = _compact(
