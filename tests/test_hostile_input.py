@@ -24,7 +24,9 @@ from chaos.harness import wait_until, worker_env
 from support import Processes, insert_job, query
 
 from worker import Client, InvalidJob
+from worker import task as register
 from worker.settings import get_settings, load_settings_or_exit
+from worker.testing import drain
 
 TASKS = "chaos.faulttasks"
 
@@ -365,3 +367,24 @@ def test_error_message_with_a_nul_byte_is_stored_readably(database_url, processe
     state, _, error = status_of(url, job_id)
     assert state == "failed"
     assert "an error message with a NUL \\0 inside" in str(error)
+
+
+HOSTILE_NAMES = ['a,"b}', "c\\d {x}", "NULL"]
+
+
+@register(name='say "hi", {ok}\\', max_retries=0)
+def hostile_named(payload: dict[str, object]) -> str:
+    return "ran"
+
+
+def test_queue_and_task_names_with_quotes_commas_braces_and_backslashes_are_claimed(
+    database_url,
+):
+    """The claim passes its lists of queue and task names as array text: no name can split,
+    merge or end an element."""
+    client = Client(database_url)
+    ids = [client.enqueue('say "hi", {ok}\\', {}, queue=q).id for q in HOSTILE_NAMES]
+    ids.append(client.enqueue('say "hi", {ok}\\', {}, queue="a").id)  # not a queue it serves
+    drain(url=database_url, queues=HOSTILE_NAMES)
+    rows = dict(query(database_url, "SELECT id::text, status FROM worker.jobs", None))
+    assert [rows[job_id] for job_id in ids] == ["completed"] * 3 + ["pending"]

@@ -201,6 +201,52 @@ def test_without_opentelemetry_nothing_is_imported_and_no_trace_is_stored(databa
     ]
 
 
+def test_with_no_tracer_provider_only_jobs_enqueued_in_a_trace_get_a_span_and_pass_it_on(
+    database_url,
+):
+    """OpenTelemetry installed, no provider set: an attempt at a job enqueued outside any trace
+    makes no span (nothing would see it), and one enqueued inside a trace still runs in it, so
+    the jobs it enqueues carry that trace on."""
+    program = textwrap.dedent(
+        f"""
+        from opentelemetry import trace
+        from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+        from worker import Client, task, tracing
+        from worker.models import ClaimedJob
+        from worker.testing import drain
+
+        client = Client({database_url!r})
+
+        @task(name="relay")
+        def relay(payload):
+            if payload["relay"]:
+                client.enqueue("relay", {{"relay": False}})
+            return trace.get_current_span().get_span_context().is_valid
+
+        parent = SpanContext(0xABC, 0xDEF, is_remote=False, trace_flags=TraceFlags(1))
+        with trace.use_span(NonRecordingSpan(parent)):
+            client.enqueue("relay", {{"relay": True}})
+        client.enqueue("relay", {{"relay": False}})
+        drain(url={database_url!r})
+        plain = ClaimedJob("id", "relay", {{}}, "default", 0, 0, 3, False, None, None, None)
+        print(tracing.attempt_span(plain) is tracing._NO_SPAN)
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert out.stdout.split("\n")[0] == "True"
+    rows = query(
+        database_url, "SELECT trace_context->>'traceparent', result FROM worker.jobs", None
+    )
+    traced = f"00-{0xABC:032x}-"
+    assert sorted((bool(tp and tp.startswith(traced)), result) for tp, result in rows) == [
+        (False, False),  # outside any trace: no span while it ran
+        (True, True),  # enqueued in the trace: ran in it
+        (True, True),  # enqueued by that run: carries the trace on
+    ]
+
+
 TRACED_TASKS = '''
 """A task module whose process exports its spans, as JSON lines, to $TRACE_FILE."""
 import os

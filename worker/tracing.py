@@ -14,9 +14,10 @@ per pipeline stage:
 Spans go wherever the process's tracer provider sends them (`opentelemetry.trace
 .set_tracer_provider`, or the `opentelemetry-instrument` launcher); a job enqueued with no
 span current starts a trace of its own. Without OpenTelemetry installed nothing here imports
-it, every job's `trace_context` stays NULL, and every hook is a no-op. What it does not do:
-trace the worker's own claims and writes, or record a span for the enqueue itself (the
-caller's span is that).
+it, every job's `trace_context` stays NULL, and every hook is a no-op; with it installed but
+no tracer provider set, an attempt at a job enqueued outside any trace makes no span either.
+What it does not do: trace the worker's own claims and writes, or record a span for the
+enqueue itself (the caller's span is that).
 """
 
 from __future__ import annotations
@@ -75,10 +76,21 @@ def _parent(stored: Any) -> Any:
 _NO_SPAN: contextlib.nullcontext[None] = contextlib.nullcontext()
 
 
+def _traced(job: ClaimedJob) -> bool:
+    """Whether an attempt at `job` has a span to make: OpenTelemetry is installed, and either
+    a tracer provider records spans or the job carries a trace for its own enqueues to
+    continue. Without either, the span would be an invalid one that nothing sees."""
+    if not ENABLED:
+        return False
+    return job.trace_context is not None or not isinstance(
+        trace.get_tracer_provider(), trace.ProxyTracerProvider | trace.NoOpTracerProvider
+    )
+
+
 def attempt_span(job: ClaimedJob) -> contextlib.AbstractContextManager[Any]:
     """The span of one attempt at `job`, current while it runs: a child of the span the job
-    was enqueued in. Gives None when OpenTelemetry is not installed."""
-    return _attempt_span(job) if ENABLED else _NO_SPAN
+    was enqueued in. Gives None when there is nothing to trace (`_traced`)."""
+    return _attempt_span(job) if _traced(job) else _NO_SPAN
 
 
 @contextlib.contextmanager
@@ -119,7 +131,7 @@ def stage_span(
 ) -> contextlib.AbstractContextManager[None]:
     """The span of one run of a pipeline stage, a child of its attempt's span. An exception
     of `not_failures` (a snooze, a pause, a cancel) ends it without an error."""
-    return _stage_span(job, stage, not_failures) if ENABLED else _NO_SPAN
+    return _stage_span(job, stage, not_failures) if _traced(job) else _NO_SPAN
 
 
 @contextlib.contextmanager

@@ -44,7 +44,7 @@ from worker.db.driver import (
 )
 from worker.db.errors import EVENTS_REFUSED, Refused
 from worker.db.notifier import Subscription, notifier
-from worker.db.records import json_records
+from worker.db.records import array_literal, json_records
 from worker.models import ClaimedJob, JobStatus, ProgressEvent, StageHistory, StageRow
 
 POOL_CAP = 16  # connections per worker process, whatever its concurrency
@@ -194,6 +194,8 @@ class PostgresDriver:
         self.events_connection: psycopg.AsyncConnection[Any] | None = None
         self._events_readers: AsyncConnectionPool[Any] | None = None
         self._events_readers_size = events_readers
+        # A worker's claim spec, as the claim's parameters: made once, not at every claim.
+        self._claim_spec: tuple[ClaimSpec, dict[str, Any]] | None = None
 
     async def open(self) -> None:
         await self.pool.open(wait=False)
@@ -258,18 +260,12 @@ class PostgresDriver:
 
     async def claim(self, spec: ClaimSpec, limit: int, running: list[str]) -> list[ClaimedJob]:
         statement = sql.CLAIM_ONE_QUEUE if len(spec.queues) == 1 else sql.CLAIM
+        if self._claim_spec is None or self._claim_spec[0] is not spec:
+            self._claim_spec = (spec, _claim_params(spec))
         params = {
-            "queues": spec.queues,
+            **self._claim_spec[1],
             "limit": limit,
-            "worker_id": spec.worker_id,
-            "default_max_retries": spec.default_max_retries,
-            "running": running,
-            "pipelines": spec.pipelines,
-            "first_stages": spec.first_stages,
-            "retry_tasks": spec.retry_tasks,
-            "retry_limits": spec.retry_limits,
-            "key_tasks": spec.key_tasks,
-            "key_limits": spec.key_limits,
+            "running": array_literal(running),
         }
         return [ClaimedJob(*row) for row in await fetch(self.claims, statement, params)]
 
@@ -443,6 +439,21 @@ class PostgresDriver:
             )
             for id_, job, step, status, message, at in rows
         ]
+
+
+def _claim_params(spec: ClaimSpec) -> dict[str, Any]:
+    """The parameters every claim of `spec` passes, its lists as array literals."""
+    return {
+        "queues": array_literal(spec.queues),
+        "worker_id": spec.worker_id,
+        "default_max_retries": spec.default_max_retries,
+        "pipelines": array_literal(spec.pipelines),
+        "first_stages": array_literal(spec.first_stages),
+        "retry_tasks": array_literal(spec.retry_tasks),
+        "retry_limits": array_literal(spec.retry_limits),
+        "key_tasks": array_literal(spec.key_tasks),
+        "key_limits": array_literal(spec.key_limits),
+    }
 
 
 def _registration(r: Registration) -> dict[str, Any]:

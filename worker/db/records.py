@@ -8,6 +8,12 @@ the cast converts it.
 
     >>> json_records([({"id": 1, "step": "load"}, {"output": '{"rows": 3}'})])
     '[{"id":1,"step":"load","output":{"rows": 3}}]'
+
+A list parameter a statement casts to an array (`%(ids)s::uuid[]`) goes as the array's text:
+psycopg would pick and run a dumper for the list, and for each element, at every execution.
+
+    >>> array_literal(["default", 'say "hi"'])
+    '{"default","say \\\\"hi\\\\""}'
 """
 
 from __future__ import annotations
@@ -35,3 +41,16 @@ def json_records(rows: Iterable[tuple[Mapping[str, Any], Mapping[str, str | None
         parts[-1] = "}"
     parts.append("]")
     return "".join(parts)
+
+
+def array_literal(values: Iterable[str | int]) -> str:
+    """A PostgreSQL array literal of `values`, for a parameter the statement casts to an array.
+    Each text element is quoted, so commas, quotes, braces and backslashes in it stay as
+    they are."""
+    return "{" + ",".join(map(_element, values)) + "}"
+
+
+def _element(value: str | int) -> str:
+    if isinstance(value, int):
+        return str(value)
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
