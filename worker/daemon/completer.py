@@ -90,8 +90,9 @@ class Completer:
     ) -> None:
         recorded: list[RecordedOutcome] = []
         refused: list[str] = []  # no longer ours: rescued, or its claim was lost
-        # No answers (a write that answers nothing) records nothing.
-        for item, answer in zip(batch, answers or [None] * len(batch), strict=True):
+        if answers is None:  # a write that answers nothing records and refuses nothing
+            batch, answers = [], []
+        for item, answer in zip(batch, answers, strict=True):
             if isinstance(answer, RecordedOutcome):
                 recorded.append(answer)
                 # The events reporting an outcome go out once it is written; those of an
@@ -99,7 +100,7 @@ class Completer:
                 for event in item.outcome.events:
                     if _agrees(event, answer.status):
                         self._publish(event)
-            elif answer is None and answers is not None:
+            elif answer is None:
                 refused.append(item.job_id)
         if self._on_written is not None:
             self._on_written(recorded, refused)
