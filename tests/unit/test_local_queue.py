@@ -258,10 +258,15 @@ class SlowOutcomes(MemoryDriver):
         return await super().record_outcomes(*args, **kwargs)
 
 
-def test_a_job_whose_claim_was_lost_is_not_claimed_again_until_its_old_outcome_is_refused() -> None:
+@pytest.mark.parametrize("failed_claim_meanwhile", [False, True])
+def test_a_job_whose_claim_was_lost_is_not_claimed_again_until_its_old_outcome_is_refused(
+    failed_claim_meanwhile: bool,
+) -> None:
     """A claim lost in a server crash leaves the job pending with its attempt unchanged; were
     the worker to claim it again while the old attempt's outcome is unwritten, that outcome
-    would pass the guard and finish the job the new attempt is running."""
+    would pass the guard and finish the job the new attempt is running. A claim that fails
+    meanwhile (the server restarting) makes the worker check what it holds: the job is not
+    among them, and its outcome is still on its way."""
     driver = SlowOutcomes()
     runs: list[int] = []
 
@@ -276,6 +281,11 @@ def test_a_job_whose_claim_was_lost_is_not_claimed_again_until_its_old_outcome_i
         async with running(
             driver, registry(counted=counted), WORKER_POLL_MIN=0.01, WORKER_POLL_MAX=0.02
         ):
+            await asyncio.sleep(0.1)
+            if failed_claim_meanwhile:
+                driver.unreachable = True
+                await asyncio.sleep(0.1)
+                driver.unreachable = False
             await asyncio.sleep(0.3)  # many claims while the first outcome is unwritten
             assert runs == [1]
             driver.written.set()

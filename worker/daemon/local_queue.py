@@ -155,8 +155,9 @@ class LocalQueue:
         self.ahead: deque[tuple[ClaimedJob, float]] = deque()  # claimed ahead, and when
         # Mean duration of recent jobs (moving average); prefetch waits for a first measure.
         self.job_seconds = float("inf")
-        # Outcomes handed over but not written yet: the database still shows these jobs as
-        # ours, and `release_unrun_holdings` must not hand them back.
+        # Outcomes handed over but not written yet. Such a job stays out of claims and
+        # hand-backs until the completer answers: the database may show it as ours, or, its
+        # claim lost in a server crash, as pending with the attempt its outcome names.
         self.unwritten: set[str] = set()
         # A claim or hand-back failed after it may have committed: check what we hold.
         self.holdings_uncertain = False
@@ -315,9 +316,11 @@ class LocalQueue:
         that may not have committed. Our heartbeat would keep the rescuer away from them for as
         long as this worker lives."""
         held = await self._driver.held_jobs(self._id)
-        self.unwritten &= held  # the rest were written, or are no longer ours
-        running = set(self.held) | self.executor.stuck
-        lost = [job_id for job_id in held - self.unwritten if job_id not in running]
+        # `unwritten` is left as it is: a job not among `held` whose outcome is still on its
+        # way may be one whose claim the server lost, and only the completer's answer (written
+        # or refused) lets the claim take it again.
+        running = set(self.held) | self.unwritten | self.executor.stuck
+        lost = [job_id for job_id in held if job_id not in running]
         if lost:
             await self._driver.release(self._id, lost)
             log.warning(
