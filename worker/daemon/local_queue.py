@@ -203,10 +203,7 @@ class LocalQueue:
             try:
                 if self.holdings_uncertain:
                     await self.release_unrun_holdings()
-                # Not a job whose outcome is on its way: were its claim lost in a server crash,
-                # a claim now would let the old attempt's outcome pass the guard.
-                running = [*self.held, *self.unwritten, *self.executor.stuck]
-                jobs = await self._driver.claim(spec, free, running)
+                jobs = await self._driver.claim(spec, free, list(self._kept()))
             except TRANSIENT as exc:
                 # The claim may have committed with its answer lost: check before the next one.
                 self.holdings_uncertain = True
@@ -316,11 +313,8 @@ class LocalQueue:
         that may not have committed. Our heartbeat would keep the rescuer away from them for as
         long as this worker lives."""
         held = await self._driver.held_jobs(self._id)
-        # `unwritten` is left as it is: a job not among `held` whose outcome is still on its
-        # way may be one whose claim the server lost, and only the completer's answer (written
-        # or refused) lets the claim take it again.
-        running = set(self.held) | self.unwritten | self.executor.stuck
-        lost = [job_id for job_id in held if job_id not in running]
+        kept = self._kept()
+        lost = [job_id for job_id in held if job_id not in kept]
         if lost:
             await self._driver.release(self._id, lost)
             log.warning(
@@ -354,6 +348,14 @@ class LocalQueue:
             why,
             extra=fields("claim.ahead_returned", jobs=len(jobs), reason=why),
         )
+
+    def _kept(self) -> set[str]:
+        """The jobs no claim may take and no check may hand back: those held (claimed ahead
+        or running), those with a thread still running, and those whose outcome is on its
+        way. A job of the last kind that the database shows as pending may be one whose claim
+        a server crash lost: claimed again before the completer answers, its old outcome
+        would pass the guard."""
+        return self.held.keys() | self.unwritten | self.executor.stuck
 
     def unfinished(self) -> list[str]:
         """The jobs still held: claimed ahead, running, or with a thread still running."""
