@@ -13,6 +13,7 @@ import pytest
 from worker.client import InvalidJob, JobNotFound, JobSpec
 from worker.client.validation import (
     MAX_DELAY,
+    COPY_CHUNK,
     MAX_RETRIES_LIMIT,
     job_id_of,
     parse_duration,
@@ -159,12 +160,12 @@ def test_a_batch_is_sent_as_json_rows_that_read_back_as_its_jobs():
         "pr": 3, "ra": None, "d": 1.5, "mr": 4, "u": 'k"1', "ck": None,
     }  # fmt: skip
     assert rows[1]["ra"] == due.isoformat() and rows[1]["mr"] is None
-    assert batch.copy_rows() is None  # a waiting job needs the server's clock: no COPY
+    assert not batch.copyable  # a waiting job needs the server's clock: no COPY
 
 
 def test_jobs_of_a_batch_sharing_a_unique_key_are_sent_once_and_never_by_copy():
     batch = prepared_many([JobSpec("t", unique_key="k"), JobSpec("t"), ("t", {})], LIMIT)
-    assert batch.copy_rows() is None  # COPY cannot skip a row whose key is held
+    assert not batch.copyable  # COPY cannot skip a row whose key is held
     batch = prepared_many(
         [JobSpec("t", unique_key="a"), JobSpec("t", unique_key="b"), JobSpec("t", unique_key="a")],
         LIMIT,
@@ -183,7 +184,21 @@ def test_a_unique_key_is_checked_like_a_name():
 
 def test_a_batch_of_jobs_due_now_is_sent_as_escaped_copy_text():
     batch = prepared_many([JobSpec("a\tb", {"k": "x\\y"}, "q\n", 1, 0, None, None)], LIMIT)
-    assert batch.copy_rows() == f'{batch.ids[0]}\ta\\tb\t{{"k":"x\\\\\\\\y"}}\tq\\n\t1\t\\N\n'
+    assert batch.copyable
+    row = f'{batch.ids[0]}\ta\\tb\t{{"k":"x\\\\\\\\y"}}\tq\\n\t1\t\\N'
+    assert list(batch.copy_chunks(None)) == [row + "\n"]
+    # In a trace, each row ends with its context, escaped as COPY text is.
+    assert list(batch.copy_chunks('{"tp":"a\\\\b"}')) == [row + '\t{"tp":"a\\\\\\\\b"}\n']
+
+
+def test_a_big_batch_is_copied_in_chunks_that_add_up_to_its_rows_in_order():
+    n = 2 * COPY_CHUNK + 50
+    batch = prepared_many([JobSpec("t", {"i": i}, max_retries=i) for i in range(n)], LIMIT)
+    chunks = list(batch.copy_chunks(None))
+    assert [c.count("\n") for c in chunks] == [COPY_CHUNK, COPY_CHUNK, 50]
+    lines = "".join(chunks).splitlines()
+    assert [line.split("\t")[0] for line in lines] == batch.ids
+    assert [int(line.split("\t")[-1]) for line in lines] == list(range(n))
 
 
 def test_a_malformed_job_id_names_no_job():

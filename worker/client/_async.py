@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from datetime import datetime, timedelta
+from functools import cache
 from typing import Any
 from uuid import UUID
 
@@ -31,7 +32,6 @@ from worker.client.targets import (
     portable,
     rows,
     traced,
-    traced_rows,
 )
 from worker.client.validation import (
     UNIQUE_TRIES,
@@ -187,18 +187,24 @@ class AsyncClient:
                 new_job(job_id, spec, self, duplicate=job_id != asked)
                 for job_id, asked, spec in zip(held, batch.ids, batch.specs, strict=True)
             ]
-        copy_rows = batch.copy_rows() if connection is None else None
-        if copy_rows is not None:
-            copy = sql.ENQUEUE_MANY_COPY
-            if trace is not None:
-                copy, copy_rows = sql.ENQUEUE_MANY_COPY_TRACED, traced_rows(copy_rows, trace)
+
+        @cache  # made once: while the server writes the rows of a COPY, or else after
+        def handles() -> list[Job]:
+            return [new_job(i, s, self) for i, s in zip(batch.ids, batch.specs, strict=True)]
+
+        if connection is None and batch.copyable:
+            copy = sql.ENQUEUE_MANY_COPY if trace is None else sql.ENQUEUE_MANY_COPY_TRACED
             await self._direct.copy(
-                copy, copy_rows, sql.ENQUEUE_MANY_AGAIN, lambda: traced(batch.params(), trace)
+                copy,
+                batch.copy_chunks(trace),
+                sql.ENQUEUE_MANY_AGAIN,
+                lambda: traced(batch.params(), trace),
+                meanwhile=handles,
             )
         else:
             params = traced(batch.params(), trace)
             await self._insert(sql.ENQUEUE_MANY, sql.ENQUEUE_MANY_AGAIN, params, connection, False)
-        return [new_job(i, s, self) for i, s in zip(batch.ids, batch.specs, strict=True)]
+        return handles()
 
     async def _insert_unique(
         self, batch: Batch, connection: AsyncTarget, trace: str | None

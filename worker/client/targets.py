@@ -32,7 +32,6 @@ __all__ = [
     "portable",
     "rows",
     "traced",
-    "traced_rows",
 ]
 
 SyncTarget = Connection | Session | psycopg.Connection[Any] | None
@@ -65,9 +64,3 @@ def traced(params: dict[str, Any], trace: str | None) -> dict[str, Any]:
     """A batch's parameters with the trace context it was enqueued in (`worker.tracing`)."""
     params["trace_context"] = trace
     return params
-
-
-def traced_rows(copy_rows: str, trace: str) -> str:
-    """COPY rows with the trace context as their last column (escaped as COPY text is: JSON
-    text holds no tab or newline, only escapes of them)."""
-    return copy_rows.replace("\n", "\t" + trace.replace("\\", "\\\\") + "\n")

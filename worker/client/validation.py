@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Container, Iterable
+from collections.abc import Callable, Container, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -98,6 +98,10 @@ def _bad_name(value: object, longest: int) -> bool:
 # so each is checked once. Bounded, for a process that makes up names as it goes.
 _GOOD_NAMES: set[str] = set()
 _GOOD_NAMES_KEPT = 1024
+
+# Rows per message of a batch sent by COPY: the server writes one message's rows while the
+# client makes the next, instead of waiting for the whole batch's text.
+COPY_CHUNK = 200
 
 
 def _bad_task_or_queue(value: object, longest: int) -> bool:
@@ -253,25 +257,34 @@ class Batch:
             )
         return {"jobs": f"[{','.join(parts)}]"}
 
-    def copy_rows(self) -> str | None:
-        """The rows of `sql.ENQUEUE_MANY_COPY`, or None if a job waits (a delay or a run_at:
-        its run_at must come from the server's clock, which COPY cannot read) or has a unique
-        key (COPY cannot skip a conflicting row) or a concurrency key."""
-        if self.unique or any(
+    @property
+    def copyable(self) -> bool:
+        """Whether the batch can go by `sql.ENQUEUE_MANY_COPY`: not if a job waits (a delay or
+        a run_at: its run_at must come from the server's clock, which COPY cannot read) or
+        has a unique key (COPY cannot skip a conflicting row) or a concurrency key."""
+        return not self.unique and not any(
             r["run_at"] is not None or r["delay"] or r["concurrency_key"] is not None
             for r in self.rows
-        ):
-            return None
+        )
+
+    def copy_chunks(self, trace: str | None) -> Iterator[str]:
+        """The rows of `sql.ENQUEUE_MANY_COPY`, `COPY_CHUNK` at a time; with a `trace`, those
+        of `sql.ENQUEUE_MANY_COPY_TRACED`, each row ending with it."""
         names = self._names(lambda name: name.translate(_COPY_ESCAPES))
-        lines = []
-        for id_, r in zip(self.ids, self.rows, strict=True):
-            payload, retries = r["payload"], r["max_retries"]
-            t, q = names[r["task"]], names[r["queue"]]
-            if "\\" in payload:  # JSON text holds no tab or newline, only escapes of them
-                payload = payload.replace("\\", "\\\\")
-            mr = "\\N" if retries is None else str(retries)
-            lines.append(f"{id_}\t{t}\t{payload}\t{q}\t{r['priority']}\t{mr}\n")
-        return "".join(lines)
+        # JSON text holds no tab or newline, only escapes of them: only backslashes need one.
+        end = "\n" if trace is None else "\t" + trace.replace("\\", "\\\\") + "\n"
+        ids, rows = self.ids, self.rows
+        for start in range(0, len(rows), COPY_CHUNK):
+            end_ = start + COPY_CHUNK
+            lines = []
+            for id_, r in zip(ids[start:end_], rows[start:end_], strict=True):
+                payload, retries = r["payload"], r["max_retries"]
+                if "\\" in payload:
+                    payload = payload.replace("\\", "\\\\")
+                mr = "\\N" if retries is None else retries
+                t, q = names[r["task"]], names[r["queue"]]
+                lines.append(f"{id_}\t{t}\t{payload}\t{q}\t{r['priority']}\t{mr}{end}")
+            yield "".join(lines)
 
     def _names(self, encode: Callable[[str], str]) -> dict[str, str]:
         """Every task and queue name of the batch, encoded once (a batch repeats a few)."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import psycopg
@@ -47,10 +48,19 @@ class AsyncDirectWrites:
         twin) once on a fresh connection. Returns the rows (empty if none are returned)."""
         return await self._once(lambda cur: _execute(cur, statement, params), again, lambda: params)
 
-    async def copy(self, statement: str, rows: str, again: str, params: Params) -> None:
-        """Send `rows` (COPY text) by the COPY `statement`; if the connection turns out dead,
-        run `again` with `params()` once on a fresh connection, as `run` does."""
-        await self._once(lambda cur: _copy(cur, statement, rows), again, params)
+    async def copy(
+        self,
+        statement: str,
+        chunks: Iterable[str],
+        again: str,
+        params: Params,
+        meanwhile: Callable[[], object],
+    ) -> None:
+        """Send `chunks` (COPY text) by the COPY `statement`, and call `meanwhile()` once the
+        last is sent, while the server is still writing them; if the connection turns out
+        dead, run `again` with `params()` once on a fresh connection, as `run` does (then
+        `meanwhile` may not have been called)."""
+        await self._once(lambda cur: _copy(cur, statement, chunks, meanwhile), again, params)
 
     async def _once(self, first: AsyncFirst, again: str, params: Params) -> Rows:
         cur = await self._take()
@@ -126,7 +136,16 @@ async def _execute(cur: psycopg.AsyncCursor[Any], statement: str, params: dict[s
     return await cur.fetchall() if cur.rownumber is not None else []
 
 
-async def _copy(cur: psycopg.AsyncCursor[Any], statement: str, rows: str) -> Rows:
+async def _copy(
+    cur: psycopg.AsyncCursor[Any],
+    statement: str,
+    chunks: Iterable[str],
+    meanwhile: Callable[[], object],
+) -> Rows:
     async with cur.copy(statement) as copy:
-        await copy.write(rows)
+        # Each chunk is sent as soon as it is made: the server writes the rows of one while
+        # the next is made, and `meanwhile` runs before the wait for the last.
+        for chunk in chunks:
+            await copy.write(chunk)
+        meanwhile()
     return []

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import psycopg
@@ -47,10 +48,19 @@ class DirectWrites:
         twin) once on a fresh connection. Returns the rows (empty if none are returned)."""
         return self._once(lambda cur: _execute(cur, statement, params), again, lambda: params)
 
-    def copy(self, statement: str, rows: str, again: str, params: Params) -> None:
-        """Send `rows` (COPY text) by the COPY `statement`; if the connection turns out dead,
-        run `again` with `params()` once on a fresh connection, as `run` does."""
-        self._once(lambda cur: _copy(cur, statement, rows), again, params)
+    def copy(
+        self,
+        statement: str,
+        chunks: Iterable[str],
+        again: str,
+        params: Params,
+        meanwhile: Callable[[], object],
+    ) -> None:
+        """Send `chunks` (COPY text) by the COPY `statement`, and call `meanwhile()` once the
+        last is sent, while the server is still writing them; if the connection turns out
+        dead, run `again` with `params()` once on a fresh connection, as `run` does (then
+        `meanwhile` may not have been called)."""
+        self._once(lambda cur: _copy(cur, statement, chunks, meanwhile), again, params)
 
     def _once(self, first: First, again: str, params: Params) -> Rows:
         cur = self._take()
@@ -126,7 +136,16 @@ def _execute(cur: psycopg.Cursor[Any], statement: str, params: dict[str, Any]) -
     return cur.fetchall() if cur.rownumber is not None else []
 
 
-def _copy(cur: psycopg.Cursor[Any], statement: str, rows: str) -> Rows:
+def _copy(
+    cur: psycopg.Cursor[Any],
+    statement: str,
+    chunks: Iterable[str],
+    meanwhile: Callable[[], object],
+) -> Rows:
     with cur.copy(statement) as copy:
-        copy.write(rows)
+        # Each chunk is sent as soon as it is made: the server writes the rows of one while
+        # the next is made, and `meanwhile` runs before the wait for the last.
+        for chunk in chunks:
+            copy.write(chunk)
+        meanwhile()
     return []

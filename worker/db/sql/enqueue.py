@@ -91,7 +91,7 @@ FROM {_ROWS}
 
 # A batch of jobs that all run now, on the client's own connection: COPY, as it is quicker than
 # ENQUEUE_MANY for the server to take in. The columns left out take their defaults: `pending`,
-# and run_at now() from the server's clock. Rows are tab-separated text (`Batch.copy_rows`).
+# and run_at now() from the server's clock. Rows are tab-separated text (`Batch.copy_chunks`).
 # Like an INSERT, it fires the statement trigger: one NOTIFY per queue, at commit.
 ENQUEUE_MANY_COPY = "COPY worker.jobs (id, task, payload, queue, priority, max_retries) FROM STDIN"
 # The same, for a batch enqueued inside a trace: each row ends with the trace context
