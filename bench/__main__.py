@@ -46,6 +46,9 @@ def parse() -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=3, help="runs of every workload (default 3)")
     ap.add_argument("--jobs", type=int, default=20_000, help="jobs per enqueue/drain (20000)")
+    ap.add_argument(
+        "--bulk-jobs", type=int, default=100_000, help="jobs per enqueue_many run (100000)"
+    )
     ap.add_argument("--only", default="", help=f"comma list of workloads: {','.join(WORKLOADS)}")
     ap.add_argument("--libs", default="", help=f"comma list of libraries: {','.join(LIBS)}")
     ap.add_argument("--history", type=int, default=1_000_000, help="finished rows (bigtable)")
@@ -165,7 +168,7 @@ def main() -> None:
         if rec.get("error"):
             print(rec["error"], file=sys.stderr)
 
-    bench = Bench(server, args.jobs, emit)
+    bench = Bench(server, args.jobs, emit, args.bulk_jobs)
     ours = durable.adapter() if "durable" in libs else None
     peers = load_peers(libs)
     info = machine(server)
@@ -183,9 +186,7 @@ def main() -> None:
 
             for bulk, name in ((False, "enq1"), (True, "enqbulk")):
                 if name in only:
-                    for a in ads:
-                        assert a is not None
-                        bench.enqueue(a, run, bulk=bulk)
+                    bench.enqueue([a for a in ads if a is not None], run, bulk=bulk)
             for procs, name in ((1, "drain1"), (2, "drain2")):
                 if name not in only:
                     continue

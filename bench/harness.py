@@ -35,6 +35,11 @@ import psycopg
 
 CONCURRENCY = 10
 BULK_BATCH = 1000
+# The enqueue workloads run the libraries in turns of this many calls (single) or batches
+# (bulk): a commit's wait for the disk drifts from one stretch of seconds to the next, and in
+# turns the drift falls on every library alike (docs/benchmarks.md, "Enqueues in turns").
+SINGLE_TURN = 1000
+BULK_TURN = 1
 LAT_N = 200
 LAT_GAP_S = 0.020
 # Jobs sent before the timed ones, then a pause: a worker's first jobs pay for its statements'
@@ -414,9 +419,18 @@ class CpuMeter:
 class Bench:
     """One benchmark session on one server; `records` collects every measurement."""
 
-    def __init__(self, server: Server, n: int, emit: Callable[[dict[str, Any]], None]) -> None:
+    def __init__(
+        self,
+        server: Server,
+        n: int,
+        emit: Callable[[dict[str, Any]], None],
+        bulk_n: int | None = None,
+    ) -> None:
         self.server = server
         self.n = n
+        # Jobs of the enqueue_many workload: more than `n`, whose batches take so little time
+        # that one garbage collection or checkpoint moves the figure.
+        self.bulk_n = bulk_n or n
         self.emit = emit
         self.postmaster = postmaster_of(server.admin)
 
@@ -437,51 +451,70 @@ class Bench:
         rec.update(kw)
         return rec
 
-    async def _enqueue_single(self, adapter: Adapter, dsn: str) -> float:
-        p = await adapter.open_producer(dsn)
+    async def _enqueue_in_turns(
+        self, adapters: list[Adapter], dsns: list[str], bulk: bool
+    ) -> list[float]:
+        """Each library's seconds to enqueue its jobs, the libraries taking turns."""
+        producers = [await a.open_producer(dsn) for a, dsn in zip(adapters, dsns, strict=True)]
+        elapsed = [0.0] * len(producers)
+        n, per_turn = (self.bulk_n, BULK_BATCH * BULK_TURN) if bulk else (self.n, SINGLE_TURN)
         try:
-            t0 = time.perf_counter()
-            for i in range(self.n):
-                await p.enqueue(i)
-            return time.perf_counter() - t0
+            for turn, start in enumerate(range(0, n, per_turn)):
+                stop = min(n, start + per_turn)
+                shift = turn % len(producers)  # who goes first rotates, turn by turn
+                for i in [*range(shift, len(producers)), *range(shift)]:
+                    p = producers[i]
+                    t0 = time.perf_counter()
+                    if bulk:
+                        for s in range(start, stop, BULK_BATCH):
+                            await p.enqueue_many(list(range(s, min(stop, s + BULK_BATCH))))
+                    else:
+                        for j in range(start, stop):
+                            await p.enqueue(j)
+                    elapsed[i] += time.perf_counter() - t0
         finally:
-            await p.close()
+            for p in producers:
+                await p.close()
+        return elapsed
 
-    async def _enqueue_bulk(self, adapter: Adapter, dsn: str, n: int) -> float:
+    async def _fill(self, adapter: Adapter, dsn: str, n: int) -> None:
+        """Enqueue, untimed, the `n` jobs a drain runs."""
         p = await adapter.open_producer(dsn)
         try:
-            t0 = time.perf_counter()
             for start in range(0, n, BULK_BATCH):
                 await p.enqueue_many(list(range(start, min(n, start + BULK_BATCH))))
-            return time.perf_counter() - t0
         finally:
             await p.close()
 
-    def enqueue(self, adapter: Adapter, run: int, bulk: bool) -> None:
+    def enqueue(self, adapters: list[Adapter], run: int, bulk: bool) -> None:
+        """One enqueue measurement of each library; they take turns (`SINGLE_TURN` calls, or
+        `BULK_TURN` batches, each), so the server's drift falls on all of them alike."""
         workload = "enqueue_bulk" if bulk else "enqueue_single"
-        rec = self.record(
-            adapter, workload, run, config=adapter.bulk_note if bulk else adapter.single_note
-        )
+        recs = [
+            self.record(a, workload, run, config=a.bulk_note if bulk else a.single_note)
+            for a in adapters
+        ]
         try:
-            db = self.fresh(adapter)
-            self.server.settle(db)
-            dsn = self.server.dsn(db)
-            el = arun(
-                self._enqueue_bulk(adapter, dsn, self.n)
-                if bulk
-                else self._enqueue_single(adapter, dsn)
-            )
-            rows = self.server.scalar(db, adapter.count_jobs_sql)
-            rec.update(
-                value=round(self.n / el, 1),
-                unit="jobs/s",
-                elapsed_s=round(el, 3),
-                verified=rows == self.n,
-                check=f"rows_in_queue={rows}",
-            )
+            dbs = [self.fresh(a) for a in adapters]
+            for db in dbs:
+                self.server.settle(db)
+            dsns = [self.server.dsn(db) for db in dbs]
+            times = arun(self._enqueue_in_turns(adapters, dsns, bulk))
+            n = self.bulk_n if bulk else self.n
+            for a, db, rec, el in zip(adapters, dbs, recs, times, strict=True):
+                rows = self.server.scalar(db, a.count_jobs_sql)
+                rec.update(
+                    value=round(n / el, 1),
+                    unit="jobs/s",
+                    elapsed_s=round(el, 3),
+                    verified=rows == n,
+                    check=f"rows_in_queue={rows}",
+                )
         except Exception:
-            rec.update(value=None, verified=False, error=traceback.format_exc()[-3000:])
-        self.emit(rec)
+            for rec in recs:
+                rec.update(value=None, verified=False, error=traceback.format_exc()[-3000:])
+        for rec in recs:
+            self.emit(rec)
 
     def drain(
         self,
@@ -512,7 +545,7 @@ class Bench:
             else:
                 self.fresh(adapter, variant)
             dsn = self.server.dsn(db)
-            arun(self._enqueue_bulk(adapter, dsn, n))
+            arun(self._fill(adapter, dsn, n))
             self.server.settle(db)
             w = Workers(adapter, dsn, procs, variant, n)
             w.spawn_and_wait_ready()

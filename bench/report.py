@@ -117,7 +117,7 @@ def render(records: list[dict[str, Any]], info: dict[str, Any], args: Any) -> st
         at_least("pgqueuer", 1.0),
     )
     row(
-        "enqueue_many, 1,000 jobs per call (jobs/s)",
+        f"enqueue_many, 1,000 jobs per call, {args.bulk_jobs:,} jobs (jobs/s)",
         "enqueue_bulk",
         "value",
         {},
