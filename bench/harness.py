@@ -429,7 +429,7 @@ class Bench:
         self.server = server
         self.n = n
         # Jobs of the enqueue_many workload: more than `n`, whose batches take so little time
-        # that one garbage collection or checkpoint moves the figure.
+        # that one full garbage collection in the client moves the figure.
         self.bulk_n = bulk_n or n
         self.emit = emit
         self.postmaster = postmaster_of(server.admin)

@@ -12,8 +12,8 @@ import pytest
 
 from worker.client import InvalidJob, JobNotFound, JobSpec
 from worker.client.validation import (
-    MAX_DELAY,
     COPY_CHUNK,
+    MAX_DELAY,
     MAX_RETRIES_LIMIT,
     job_id_of,
     parse_duration,
