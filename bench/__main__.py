@@ -45,7 +45,9 @@ BIG_TEMPLATE = "bench_durable_history_tpl"
 def parse() -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=3, help="runs of every workload (default 3)")
-    ap.add_argument("--jobs", type=int, default=20_000, help="jobs per enqueue/drain (20000)")
+    ap.add_argument(
+        "--jobs", type=int, default=20_000, help="jobs per single enqueue and drain (20000)"
+    )
     ap.add_argument(
         "--bulk-jobs", type=int, default=100_000, help="jobs per enqueue_many run (100000)"
     )
