@@ -35,11 +35,10 @@ import psycopg
 
 CONCURRENCY = 10
 BULK_BATCH = 1000
-# The enqueue workloads run the libraries in turns of this many calls (single) or batches
-# (bulk): a commit's wait for the disk drifts from one stretch of seconds to the next, and in
+# The enqueue workloads run the libraries in turns of this many single calls (or of one
+# batch): a commit's wait for the disk drifts from one stretch of seconds to the next, and in
 # turns the drift falls on every library alike (docs/benchmarks.md, "Enqueues in turns").
 SINGLE_TURN = 1000
-BULK_TURN = 1
 LAT_N = 200
 LAT_GAP_S = 0.020
 # Jobs sent before the timed ones, then a pause: a worker's first jobs pay for its statements'
@@ -455,10 +454,12 @@ class Bench:
         self, adapters: list[Adapter], dsns: list[str], bulk: bool
     ) -> list[float]:
         """Each library's seconds to enqueue its jobs, the libraries taking turns."""
-        producers = [await a.open_producer(dsn) for a, dsn in zip(adapters, dsns, strict=True)]
-        elapsed = [0.0] * len(producers)
-        n, per_turn = (self.bulk_n, BULK_BATCH * BULK_TURN) if bulk else (self.n, SINGLE_TURN)
+        producers: list[Any] = []
+        elapsed = [0.0] * len(adapters)
+        n, per_turn = (self.bulk_n, BULK_BATCH) if bulk else (self.n, SINGLE_TURN)
         try:
+            for a, dsn in zip(adapters, dsns, strict=True):
+                producers.append(await a.open_producer(dsn))
             for turn, start in enumerate(range(0, n, per_turn)):
                 stop = min(n, start + per_turn)
                 shift = turn % len(producers)  # who goes first rotates, turn by turn
@@ -466,8 +467,7 @@ class Bench:
                     p = producers[i]
                     t0 = time.perf_counter()
                     if bulk:
-                        for s in range(start, stop, BULK_BATCH):
-                            await p.enqueue_many(list(range(s, min(stop, s + BULK_BATCH))))
+                        await p.enqueue_many(list(range(start, stop)))
                     else:
                         for j in range(start, stop):
                             await p.enqueue(j)
@@ -488,7 +488,7 @@ class Bench:
 
     def enqueue(self, adapters: list[Adapter], run: int, bulk: bool) -> None:
         """One enqueue measurement of each library; they take turns (`SINGLE_TURN` calls, or
-        `BULK_TURN` batches, each), so the server's drift falls on all of them alike."""
+        one batch, each), so the server's drift falls on all of them alike."""
         workload = "enqueue_bulk" if bulk else "enqueue_single"
         recs = [
             self.record(a, workload, run, config=a.bulk_note if bulk else a.single_note)
