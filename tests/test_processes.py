@@ -46,6 +46,11 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
+def cpus_of_threads(pid: int) -> set[frozenset[int]]:
+    """The CPUs each thread of `pid` may run on, as a set of the distinct answers."""
+    return {frozenset(os.sched_getaffinity(int(tid))) for tid in os.listdir(f"/proc/{pid}/task")}
+
+
 def registered(database_url: str) -> set[int]:
     return {pid for (pid,) in query(database_url, "SELECT pid FROM worker.workers")}
 
@@ -95,6 +100,8 @@ def test_each_process_registers_its_own_worker_and_the_supervisor_holds_no_conne
     assert proc.pid not in pids
     assert {parent_of(pid) for pid in pids} == {proc.pid}
     assert sockets_of(proc.pid) == []
+    # Not pinned unless asked: each child may run on every CPU the supervisor may.
+    assert all(cpus_of_threads(pid) == {frozenset(os.sched_getaffinity(0))} for pid in pids)
     jobs = [Client(database_url).enqueue("add", {"a": i, "b": 1}) for i in range(30)]
     assert [j.wait_sync(timeout=30) for j in jobs] == [i + 1 for i in range(30)]
     # Process k serves its own counters on WORKER_METRICS_PORT + k - 1.
@@ -102,6 +109,35 @@ def test_each_process_registers_its_own_worker_and_the_supervisor_holds_no_conne
     log = processes.log(proc)
     for slot in (1, 2):
         assert re.search(rf"worker process {slot} of 2 started \(pid \d+\)", log)
+
+
+def test_pinned_processes_run_every_thread_on_a_cpu_of_their_own(
+    env, database_url, processes: Processes
+):
+    proc, pids = supervised(processes, env, 2, WORKER_PIN_CPUS="true")
+    usable = sorted(os.sched_getaffinity(0))
+    started = re.findall(
+        r"worker process (\d) of 2 started \(pid (\d+)\) on CPU (\d+)", processes.log(proc)
+    )
+    assert {int(pid) for _, pid, _ in started} == pids
+    assert len({cpu for _, _, cpu in started}) == min(2, len(usable))
+    jobs = [Client(database_url).enqueue("add", {"a": i, "b": 1}) for i in range(20)]
+    assert [j.wait_sync(timeout=30) for j in jobs] == [i + 1 for i in range(20)]
+    # Every thread, those the jobs started included, stays on its process's CPU.
+    for slot, pid, cpu in started:
+        assert int(cpu) == usable[(int(slot) - 1) % len(usable)]
+        assert cpus_of_threads(int(pid)) == {frozenset({int(cpu)})}
+
+
+def test_one_pinned_process_runs_on_the_first_cpu_it_may_use(env, database_url, processes):
+    proc = processes.worker(env, "testtasks", extra={"WORKER_PIN_CPUS": "true"})
+    wait_for(lambda: registered(database_url), timeout=60, message="the worker registered")
+    first = min(os.sched_getaffinity(0))
+    job = Client(database_url).enqueue("add", {"a": 1, "b": 2})
+    assert job.wait_sync(timeout=30) == 3
+    # Its task threads, started after the pin, are on that CPU too.
+    assert cpus_of_threads(proc.pid) == {frozenset({first})}
+    assert f"pinned to CPU {first}" in processes.log(proc)
 
 
 def test_one_process_is_the_worker_itself_with_no_supervisor(env, database_url, processes):

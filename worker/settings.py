@@ -7,6 +7,7 @@ program at start with one line naming the variable and the rule (exit code 2): s
 
 from __future__ import annotations
 
+import os
 import sys
 from enum import StrEnum
 from functools import lru_cache
@@ -54,6 +55,7 @@ class Settings(BaseSettings):
     retry_backoff_max: float = Field(default=300.0, ge=0, alias="WORKER_RETRY_BACKOFF_MAX")
     concurrency: int = Field(default=10, ge=1, le=1000, alias="WORKER_CONCURRENCY")
     processes: int = Field(default=1, ge=1, le=256, alias="WORKER_PROCESSES")
+    pin_cpus: bool = Field(default=False, alias="WORKER_PIN_CPUS")
     queues: Annotated[list[str], NoDecode] = Field(default=["default"], alias="WORKER_QUEUES")
     lease_seconds: float = Field(default=15.0, gt=0, alias="WORKER_LEASE_SECONDS")
     shutdown_grace: float = Field(default=10.0, ge=0, alias="WORKER_SHUTDOWN_GRACE")
@@ -115,6 +117,8 @@ class Settings(BaseSettings):
                 "WORKER_METRICS_PORT + WORKER_PROCESSES - 1 must be at most 65535 "
                 "(worker process k serves metrics on WORKER_METRICS_PORT + k - 1)"
             )
+        if self.pin_cpus and not hasattr(os, "sched_setaffinity"):
+            raise ValueError("WORKER_PIN_CPUS needs Linux (it pins with sched_setaffinity)")
         return self
 
 

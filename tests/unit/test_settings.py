@@ -9,6 +9,7 @@ import sys
 
 import pytest
 from psycopg.conninfo import conninfo_to_dict
+from pydantic import ValidationError
 from sqlalchemy.engine import make_url
 
 from worker.db import url as urls
@@ -52,6 +53,7 @@ def run_worker(env: dict[str, str], cwd: object) -> subprocess.CompletedProcess[
         ("DATABASE_URL", "postgresql://u:secret@/db?host=db1,db2&port=5432,x", "DATABASE_URL"),
         ("DATABASE_POOLER", "statement", "DATABASE_POOLER"),
         ("WORKER_LISTEN_URL", "postgresql://u:secret@host:notaport/db", "WORKER_LISTEN_URL"),
+        ("WORKER_PIN_CPUS", "sometimes", "WORKER_PIN_CPUS"),
     ],
 )
 def test_invalid_setting_exits_2_naming_the_variable(tmp_path, variable, value, expected):
@@ -71,6 +73,13 @@ def test_poll_min_greater_than_max_is_refused(tmp_path):
     assert proc.returncode == 2
     assert "WORKER_POLL_MIN must not be greater than WORKER_POLL_MAX" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_pinning_to_cpus_where_the_system_cannot_is_refused_naming_the_setting(monkeypatch):
+    monkeypatch.delattr("os.sched_setaffinity")
+    with pytest.raises(ValidationError, match="WORKER_PIN_CPUS needs Linux"):
+        Settings(WORKER_PIN_CPUS=True)
+    assert Settings(WORKER_PIN_CPUS=False).pin_cpus is False
 
 
 def test_settings_are_read_from_dotenv(tmp_path):

@@ -40,6 +40,14 @@ def run(
             "more than one puts CPU-bound sync tasks on more cores.",
         ),
     ] = None,
+    pin_cpus: Annotated[
+        bool | None,
+        typer.Option(
+            "--pin-cpus/--no-pin-cpus",
+            help="Pin worker process k to the k-th CPU it may use (WORKER_PIN_CPUS, Linux): "
+            "for CPU-bound tasks on a machine given to the worker.",
+        ),
+    ] = None,
     migrate: Annotated[bool, typer.Option(help="Apply migrations before starting.")] = False,
     connect_timeout: Annotated[
         float | None,
@@ -62,7 +70,12 @@ def run(
     from worker.logs import configure
 
     s = settings()
-    given = {"queues": queues, "concurrency": concurrency, "processes": processes}
+    given = {
+        "queues": queues,
+        "concurrency": concurrency,
+        "processes": processes,
+        "pin_cpus": pin_cpus,
+    }
     for option, value in given.items():
         if value is not None:  # the settings' own checks: 1 to 1000 slots, a queue at least
             try:
@@ -71,6 +84,8 @@ def run(
                 message = str(exc.errors()[0].get("msg", "is invalid"))
                 raise fail(f"--{option}: {message.removeprefix('Value error, ')}", 2) from None
     configure(s.log_level, s.log_format)
+    if s.pin_cpus and s.processes == 1 and supervisor_pid is None:
+        pin_alone()  # before the task modules are imported: threads they start are pinned too
     import_task_modules(modules)
     database = url()
     try:
@@ -116,7 +131,7 @@ def run(
 def supervise(modules: list[str], s: Settings) -> int:
     """Start `s.processes` children, each this command as one process, and keep them running
     until SIGTERM or Ctrl-C; the exit code of the whole."""
-    from worker.daemon.supervisor import STOP_MARGIN, Supervisor
+    from worker.daemon.supervisor import STOP_MARGIN, Supervisor, usable_cpus
 
     command = [sys.executable, "-m", "worker", "run", *modules]
     command += ["--supervisor-pid", str(os.getpid())]
@@ -134,7 +149,22 @@ def supervise(modules: list[str], s: Settings) -> int:
         return {**base, "WORKER_METRICS_PORT": str(s.metrics_port + slot - 1)}
 
     stop_timeout = s.shutdown_grace + STOP_MARGIN
-    return Supervisor(command, s.processes, env_for=env_for, stop_timeout=stop_timeout).run()
+    cpus = usable_cpus() if s.pin_cpus else None
+    return Supervisor(
+        command, s.processes, env_for=env_for, stop_timeout=stop_timeout, cpus=cpus
+    ).run()
+
+
+def pin_alone() -> None:
+    """WORKER_PIN_CPUS with one process: it is worker process 1, on the first CPU it may use."""
+    from worker.daemon.supervisor import cpu_of, pin, usable_cpus
+    from worker.logs import fields
+
+    cpu = cpu_of(1, usable_cpus())
+    pin(cpu)
+    logging.getLogger("worker.daemon").info(
+        "pinned to CPU %d", cpu, extra=fields("worker.pinned", cpu=cpu)
+    )
 
 
 def import_task_modules(modules: list[str]) -> None:
