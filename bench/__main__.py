@@ -248,7 +248,8 @@ def main() -> None:
                 # Which goes first alternates, so neither always meets the machine as it was.
                 for procs in (1, 2) if run % 2 else (2, 1):
                     emit(cpu.bare(args.cpu_jobs, procs, run))
-                    emit(cpu.measure(server, args.cpu_jobs, procs, run))
+                    for pinned in (False, True):
+                        emit(cpu.measure(server, args.cpu_jobs, procs, run, pinned))
             if ours and "memory" in only and run == 1:  # a flatness check, not a comparison
                 bench.drain(
                     ours,

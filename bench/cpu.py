@@ -1,9 +1,10 @@
 """CPU-bound sync tasks: `worker run --processes 2` against `--processes 1`, in the same run.
 
 Each job is the sync task `bench.cpu`: a fixed loop of pure-Python arithmetic, about 2 ms of
-one core (the same work however busy the machine, so a slower machine shows as fewer jobs a
-second, not as shorter jobs). In one thread pool the GIL lets one of the loops run at a time,
-whatever WORKER_CONCURRENCY is; a second process has a GIL of its own.
+one core of the machine `docs/benchmarks.md` names (the same work however busy the machine, so
+a slower machine shows as fewer jobs a second, not as shorter jobs; the report gives the
+worker CPU a job measured with `--processes 1`). In one thread pool the GIL lets one of the
+loops run at a time, whatever WORKER_CONCURRENCY is; a second process has a GIL of its own.
 
 Method, the same for both: a fresh database, its `default` queue paused and loaded with the
 jobs (untimed); the real `worker run bench.cpu --processes P` started, with the settings'
@@ -16,7 +17,8 @@ drain's) are recorded too: the ratio means something only when `--processes 1` u
 core. On a machine shared with other logged-in sessions it does not: Linux's autogroup
 scheduler gives each session (the benchmark and every process it starts are one) an equal share
 of the CPUs, however many processes run in it. Beside each drain, `bare` runs the same loops in
-plain processes with no queue: its 2-to-1 ratio is the ceiling of that moment.
+plain processes with no queue: its 2-to-1 ratio is the ceiling of that moment. Each drain runs
+twice, with the defaults and with `--pin-cpus` (each worker process on a CPU of its own).
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from bench.libs.durable import VERSION
 from worker import task
 
 DB = "bench_cpu"
-LOOPS = 64_000  # about 2 ms of one core on the machine the benchmark was written on
+LOOPS = 18_000  # about 2 ms of one core of a 2-vCPU AMD EPYC, Python 3.11
 BATCH = 1000
 TIMEOUT_S = 300.0
 COMPLETED = "SELECT count(*) FROM worker.jobs WHERE status = 'completed'"
@@ -77,18 +79,20 @@ def _resume(dsn: str) -> None:
         client.close()
 
 
-def measure(server: Server, n: int, procs: int, run: int) -> dict[str, Any]:
-    """One drain of `n` CPU-bound jobs by `worker run --processes procs`."""
+def measure(server: Server, n: int, procs: int, run: int, pinned: bool) -> dict[str, Any]:
+    """One drain of `n` CPU-bound jobs by `worker run --processes procs`, `--pin-cpus` if
+    `pinned`."""
     from worker.db import migrate
 
     rec: dict[str, Any] = dict(
         lib="durable",
         label=f"durable-worker {VERSION}",
-        workload=f"cpu_{procs}p",
+        workload=f"cpu_{procs}p" + ("_pinned" if pinned else ""),
         run=run,
         procs=procs,
-        config=f"`worker run bench.cpu --processes {procs}`, sync tasks of {LOOPS:,} loops of "
-        "pure Python (about 2 ms), concurrency 10 per process, WARNING logging",
+        config=f"`worker run bench.cpu --processes {procs}{' --pin-cpus' if pinned else ''}`, "
+        f"sync tasks of {LOOPS:,} loops of pure Python, concurrency 10 per process, WARNING "
+        "logging",
     )
     log_path = Path(tempfile.mkstemp(prefix="bench-cpu-", suffix=".log")[1])
     proc: subprocess.Popen[bytes] | None = None
@@ -106,7 +110,8 @@ def measure(server: Server, n: int, procs: int, run: int) -> dict[str, Any]:
         }
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "worker", "run", "bench.cpu", "--processes", str(procs)],
+                [sys.executable, "-m", "worker", "run", "bench.cpu", "--processes", str(procs)]
+                + (["--pin-cpus"] if pinned else []),
                 env=env,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -130,6 +135,7 @@ def measure(server: Server, n: int, procs: int, run: int) -> dict[str, Any]:
             el = time.perf_counter() - t0
         rec.update(cpu.stop(n))
         rec["worker_cores"] = round(rec["worker_cpu_ms_per_job"] * n / 1000 / el, 2)
+        rec["server_cores"] = round(rec.get("server_cpu_ms_per_job", 0.0) * n / 1000 / el, 2)
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(timeout=60)
         twice = server.scalar(DB, "SELECT count(*) FROM worker.jobs WHERE retry_count > 0")
