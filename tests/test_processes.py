@@ -127,6 +127,18 @@ def test_pinned_processes_run_every_thread_on_a_cpu_of_their_own(
     for slot, pid, cpu in started:
         assert int(cpu) == usable[(int(slot) - 1) % len(usable)]
         assert cpus_of_threads(int(pid)) == {frozenset({int(cpu)})}
+    # A process started again in place of a dead one is pinned as the first was.
+    slot, pid, cpu = started[0]
+    os.kill(int(pid), signal.SIGKILL)
+    again = rf"worker process {slot} of 2 started \(pid (\d+)\) on CPU {cpu}\n"
+    new_pid = wait_for(
+        lambda: (
+            (found := re.findall(again, processes.log(proc))) and found[-1] != pid and found[-1]
+        ),
+        timeout=30,
+        message="the killed process started again",
+    )
+    assert cpus_of_threads(int(new_pid)) == {frozenset({int(cpu)})}
 
 
 def test_one_pinned_process_runs_on_the_first_cpu_it_may_use(env, database_url, processes):
