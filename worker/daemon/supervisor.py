@@ -7,8 +7,9 @@ doubling delay, so a child that dies at every start does not spin. SIGTERM or SI
 supervisor is passed to every child as SIGTERM, and each stops as a lone worker does: running
 jobs get `WORKER_SHUTDOWN_GRACE` to finish, the rest are handed back. A child whose supervisor
 is gone (killed by SIGKILL) stops the same way by itself (`stop_when_orphaned`). Given `cpus`
-(WORKER_PIN_CPUS), child k runs on the k-th of them from its start: its threads never move
-between CPUs, so the GIL passing among them does not leave a CPU idle on the way.
+(WORKER_PIN_CPUS), child k runs on the k-th of them from its start, every thread of it
+included: threads that pass the GIL among them keep to one CPU, where unpinned they left CPUs
+idle between them (measured in docs/benchmarks.md).
 
 What this does not do: it holds no database connection and knows nothing of jobs. A child's
 jobs, when it dies, are rescued by the other workers' rescuers after the lease, as for any
