@@ -135,7 +135,8 @@ def measure(server: Server, n: int, procs: int, run: int, pinned: bool) -> dict[
             el = time.perf_counter() - t0
         rec.update(cpu.stop(n))
         rec["worker_cores"] = round(rec["worker_cpu_ms_per_job"] * n / 1000 / el, 2)
-        rec["server_cores"] = round(rec.get("server_cpu_ms_per_job", 0.0) * n / 1000 / el, 2)
+        if "server_cpu_ms_per_job" in rec:
+            rec["server_cores"] = round(rec["server_cpu_ms_per_job"] * n / 1000 / el, 2)
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(timeout=60)
         twice = server.scalar(DB, "SELECT count(*) FROM worker.jobs WHERE retry_count > 0")

@@ -47,8 +47,14 @@ def alive(pid: int) -> bool:
 
 
 def cpus_of_threads(pid: int) -> set[frozenset[int]]:
-    """The CPUs each thread of `pid` may run on, as a set of the distinct answers."""
-    return {frozenset(os.sched_getaffinity(int(tid))) for tid in os.listdir(f"/proc/{pid}/task")}
+    """The CPUs each live thread of `pid` may run on, as a set of the distinct answers."""
+    found = set()
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            found.add(frozenset(os.sched_getaffinity(int(tid))))
+        except ProcessLookupError:  # the thread ended since listed
+            continue
+    return found
 
 
 def registered(database_url: str) -> set[int]:

@@ -84,7 +84,7 @@ def run(
                 message = str(exc.errors()[0].get("msg", "is invalid"))
                 raise fail(f"--{option}: {message.removeprefix('Value error, ')}", 2) from None
     configure(s.log_level, s.log_format)
-    if s.pin_cpus and s.processes == 1 and supervisor_pid is None:
+    if s.pin_cpus and s.processes == 1:
         pin_alone()  # before the task modules are imported: threads they start are pinned too
     import_task_modules(modules)
     database = url()
@@ -136,9 +136,11 @@ def supervise(modules: list[str], s: Settings) -> int:
     command = [sys.executable, "-m", "worker", "run", *modules]
     command += ["--supervisor-pid", str(os.getpid())]
     # The options given here reach the children as settings; the schema is checked already.
+    # A child is pinned by the supervisor as it starts, not by itself.
     base = {
         **os.environ,
         "WORKER_PROCESSES": "1",
+        "WORKER_PIN_CPUS": "false",
         "WORKER_QUEUES": ",".join(s.queues),
         "WORKER_CONCURRENCY": str(s.concurrency),
     }
