@@ -133,6 +133,40 @@ def test_a_refused_item_is_written_alone_and_the_others_go_through() -> None:
     assert written == ["wrote a", "wrote bad, recorded as refused", "wrote c"]
 
 
+@pytest.mark.parametrize("instead", [True, False], ids=["written instead", "no stand-in"])
+def test_an_item_refused_alone_in_its_batch_is_not_sent_again(instead: bool) -> None:
+    """A refused value may be hundreds of megabytes: sending it a second time, to be refused
+    again, would cost the server as much as the first time."""
+    store = Store()
+    store.refuse = {"bad"}
+    judged: list[bool] = []
+
+    def judging(batch: list[str], exc: Exception, alone: bool) -> Verdict:
+        judged.append(alone)
+        return judge(batch, exc, alone)
+
+    async def main() -> str | None:
+        batcher: Batcher[str, str] = Batcher(
+            store.write,
+            judge=judging,
+            refuse=(lambda item, exc: f"{item}, recorded as refused") if instead else None,
+        )
+        flusher = asyncio.create_task(batcher.run())
+        try:
+            return await asyncio.wait_for(batcher.run_one("bad"), 2)
+        finally:
+            flusher.cancel()
+
+    if instead:
+        assert asyncio.run(main()) == "wrote bad, recorded as refused"
+        assert store.statements == [["bad"], ["bad, recorded as refused"]]
+    else:
+        with pytest.raises(Refused):  # nothing to write instead: its waiter gets the error
+            asyncio.run(main())
+        assert store.statements == [["bad"]]
+    assert judged == [True]
+
+
 def test_an_outage_keeps_the_batch_for_another_try_and_loses_nothing() -> None:
     store = Store()
     store.outages = 2

@@ -13,8 +13,9 @@ job's row locked. A locked item is not waited for (it would hold up every item b
 is set aside and written again a little later (a `Pacer`, the daemon's `LockWaits`, says
 when), and its waiter waits.
 
-What differs between the uses is a parameter: `judge` says what an error of a write means
-(`Verdict.SPLIT`: some item was refused, write them one by one; `RETRY`: keep the batch and
+What differs between the uses is a parameter: `judge` says what an error of a write means,
+told whether the write held one item alone (`Verdict.SPLIT`: some item was refused, write them
+one by one, and an item refused alone is not sent again; `RETRY`: keep the batch and
 try again after a backoff; `FAIL`: the batch's waiters get the error; `RAISE`: the flusher
 stops, and with it the worker), `refuse` what becomes of an item refused on its own (an item
 to write instead, or None to drop it), and `written` what to do with what went through.
@@ -213,9 +214,15 @@ class Batcher(Generic[I, R]):
         try:
             answers = await self._write(items)
         except Exception as exc:
-            verdict = self._judge(items, exc, False)
+            alone = len(batch) == 1
+            verdict = self._judge(items, exc, alone)
             if verdict is Verdict.SPLIT:
-                return await self._one_by_one(batch)
+                if not alone:
+                    return await self._one_by_one(batch)
+                # Written alone already: refused, it is not sent again.
+                await self._settle_refused(batch[0], exc, verdict)
+                self._retrying = False
+                return True
             if verdict is Verdict.RETRY:
                 self._retry_later(batch, exc)
                 return False
@@ -258,17 +265,20 @@ class Batcher(Generic[I, R]):
                     with self._lock:
                         self._queue.extendleft(reversed(batch[n:]))
                     raise
-                instead = (
-                    self._refuse(item, exc)
-                    if verdict is Verdict.SPLIT and self._refuse is not None
-                    else None
-                )
-                if instead is None:
-                    _fail([(item, future)], exc)
-                    continue
-                self._answer([(instead, future)], await self._write([instead]))
+                await self._settle_refused((item, future), exc, verdict)
         self._retrying = False
         return True
+
+    async def _settle_refused(self, entry: _Entry[I, R], exc: Exception, verdict: Verdict) -> None:
+        """An item failed on its own: what `refuse` makes of a refused one is written instead;
+        otherwise its waiter gets the error."""
+        item, future = entry
+        refuse = self._refuse if verdict is Verdict.SPLIT else None
+        instead = refuse(item, exc) if refuse is not None else None
+        if instead is None:
+            _fail([entry], exc)
+            return
+        self._answer([(instead, future)], await self._write([instead]))
 
     def _answer(self, batch: list[_Entry[I, R]], answers: Sequence[R | Locked] | None) -> None:
         """Settle each item, or set it aside for another try if its job's row was locked."""
