@@ -70,7 +70,7 @@ def _job_of(write: StageWrite) -> str:
 
 def _judge(batch: list[StageWrite], exc: Exception, alone: bool) -> Verdict:
     # Each writer retries an outage under its own patience. A refused batch is written one
-    # write at a time: one write refused must not fail the others.
-    if isinstance(exc, TRANSIENT) or not isinstance(exc, psycopg.Error) or alone:
+    # write at a time: one write refused must not fail the others; refused alone, it fails.
+    if isinstance(exc, TRANSIENT) or not isinstance(exc, psycopg.Error):
         return Verdict.FAIL
     return Verdict.SPLIT
