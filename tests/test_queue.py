@@ -148,6 +148,50 @@ def test_a_claim_does_not_walk_the_jobs_due_later(database_url, statement, plan)
 
 @CLAIMS
 @PLANS
+def test_a_claim_does_not_walk_the_started_jobs_due_later(database_url, statement, plan):
+    """With 60,000 snoozed jobs (started before) due tomorrow and two jobs due now, one
+    started and one new, a claim still reads a few index pages, not the snoozed jobs."""
+    query(
+        database_url,
+        "INSERT INTO worker.jobs (task, priority, run_at, started_at) SELECT 'later', g % 3, "
+        "now() + interval '1 day' + g * interval '1 ms', now() FROM generate_series(1, 60000) g",
+    )
+    query(
+        database_url,
+        "INSERT INTO worker.jobs (task, priority, started_at) "
+        "VALUES ('now', 1, now()), ('now', 1, NULL)",
+    )
+    query(database_url, "VACUUM ANALYZE worker.jobs")
+    top = explain_claim(database_url, statement, plan, limit=10)
+    assert top["Actual Rows"] == 2
+    assert top["Shared Hit Blocks"] + top["Shared Read Blocks"] < 200
+
+
+@CLAIMS
+@pytest.mark.parametrize("limit", [1, 3])
+def test_work_already_started_is_claimed_before_new_work(database_url, statement, limit):
+    """A job started before (snoozed, retried, rescued) and due now is claimed ahead of every
+    new job of its priority, however long those have waited; a higher priority still wins."""
+    query(
+        database_url,
+        "INSERT INTO worker.jobs (task, run_at) "
+        "SELECT 'new', now() - interval '1 hour' + g * interval '1 s' "
+        "FROM generate_series(1, 50) AS g",
+    )
+    query(database_url, "INSERT INTO worker.jobs (task, started_at) VALUES ('snoozed', now())")
+    query(database_url, "INSERT INTO worker.jobs (task, priority) VALUES ('urgent', 5)")
+    worker_id = query(
+        database_url,
+        "INSERT INTO worker.workers (id, hostname, pid, queues, concurrency) "
+        "VALUES (gen_random_uuid(), 'test', 1, '{default}', 10) RETURNING id",
+    )[0][0]
+    rows = query(database_url, getattr(sql, statement), claim_params(worker_id, limit=limit))
+    tasks = [row[1] for row in rows]
+    assert tasks == ["urgent", "snoozed", "new"][:limit]
+
+
+@CLAIMS
+@PLANS
 def test_a_claim_from_a_deep_backlog_reads_only_the_jobs_it_takes(database_url, statement, plan):
     """With 60,000 jobs due now, a claim of 10 reads the pages of those 10, whatever limit
     its plan was made for (one made for any limit, joined to the table, would hash it all)."""

@@ -81,10 +81,12 @@ jobs = Table(
     CheckConstraint("retry_count >= 0", name="jobs_retry_count_positive"),
     CheckConstraint("max_retries IS NULL OR max_retries >= 0", name="jobs_max_retries_positive"),
     # Only runnable rows: the claim reads this index and nothing else, however many rows finished.
+    # Within a priority, jobs started before (snoozed, retried, rescued) come first (0011).
     Index(
         "jobs_runnable_idx",
         "queue",
         text("priority DESC"),
+        text("(started_at IS NULL)"),
         "run_at",
         postgresql_where=text("status = 'pending'"),
     ),
@@ -144,6 +146,10 @@ workers = Table(
     Column("concurrency", Integer, nullable=False),
     Column("started_at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
     Column("heartbeat_at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
+    # The shared advisory lock its claim session holds while it lives; NULL behind a pooler.
+    Column("liveness_key", Integer, nullable=True),
+    # When a rescuer first saw that lock held by no session (`worker.db.sql.liveness`).
+    Column("session_lost_at", DateTime(timezone=True), nullable=True),
 )
 
 # A stage row and an event go with their job: the trigger `jobs_deleted` (migration 0006)

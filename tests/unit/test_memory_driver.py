@@ -106,3 +106,21 @@ def test_a_silent_workers_job_is_rescued_counting_the_lost_attempt() -> None:
         return len(rescued), job.status, job.retry_count
 
     assert asyncio.run(main()) == (1, JobStatus.PENDING, 1)
+
+
+def test_a_snoozed_job_due_again_is_claimed_before_new_work() -> None:
+    driver = MemoryDriver()
+
+    async def main() -> list[str]:
+        worker_id = await registered(driver)
+        snoozing = driver.enqueue("watch")
+        await driver.claim(spec(worker_id), 1, [])
+        waiting = [driver.enqueue("new") for _ in range(3)]
+        snooze = Outcome(OutcomeKind.SNOOZED, delay=0.0)
+        await driver.record_outcomes(worker_id, POLICY, [OutcomeWrite(snoozing, 0, snooze, 3)])
+        claimed = await driver.claim(spec(worker_id), 2, [])
+        assert {j.id for j in claimed} <= {snoozing, *waiting}
+        return [j.id for j in claimed]
+
+    first, second = asyncio.run(main())
+    assert driver.jobs[first].task == "watch" and driver.jobs[second].task == "new"

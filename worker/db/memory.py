@@ -260,7 +260,8 @@ class MemoryDriver:
                 and j.run_at <= now
                 and j.id not in skip
             ),
-            key=lambda j: (-j.priority, j.run_at, j.seq),
+            # Work already started first within a priority, as the claim's scans order it.
+            key=lambda j: (-j.priority, j.started_at is None, j.run_at, j.seq),
         )[:limit]
         first_stages = dict(zip(spec.pipelines, spec.first_stages, strict=True))
         task_limits = dict(zip(spec.retry_tasks, spec.retry_limits, strict=True))

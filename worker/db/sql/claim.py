@@ -71,7 +71,7 @@ _CLAIMED = """), claimed AS (
 -- In claim order: the worker starts jobs it claimed ahead of its free slots in this order.
 SELECT c.*, c.id IN (SELECT job_id FROM first_stage) AS first_stage_started
 FROM claimed AS c JOIN next ON next.id = c.id
-ORDER BY next.priority DESC, next.run_at
+ORDER BY next.priority DESC, next.fresh, next.run_at
 """
 
 
@@ -81,18 +81,24 @@ _SETTLES = "(j.cancel_requested OR j.final_error IS NOT NULL)"
 
 
 def _due(queue: str, budget: str) -> str:
-    """The due pending jobs of one queue in claim order (priority, then due time), locked: at
-    most `budget` of them (what `worker.queue_budget` allows), none whose concurrency key is
-    at its task's limit (`worker.concurrency_key_free`, 1 for a task that sets none), and,
-    while the budget is spent, the jobs that only settle (a cancel requested, or a failure for
-    good whose cleanups were lost), which no pause or limit holds back, nor their keys.
+    """The due pending jobs of one queue in claim order (priority; within it, jobs started
+    before ahead of jobs never started; then due time), locked: at most `budget` of them (what
+    `worker.queue_budget` allows), none whose concurrency key is at its task's limit
+    (`worker.concurrency_key_free`, 1 for a task that sets none), and, while the budget is
+    spent, the jobs that only settle (a cancel requested, or a failure for good whose cleanups
+    were lost), which no pause or limit holds back, nor their keys.
 
-    One short scan of jobs_runnable_idx per priority present, highest first, each stopping at
-    the first job not due yet; the next priority is found by one index probe, and only if the
-    ones before held too few due jobs. A queue with fewer due jobs than the claim's limit (an
-    idle one) costs a probe and a scan per priority its pending jobs use, due or not: at most
-    201 (`PRIORITY_RANGE`), usually one or two. One ordered scan of the whole queue instead
-    would walk every job due later, however many are scheduled for tomorrow.
+    Work already started comes first: a snoozed stage polling for its export, a retry or a
+    rescued job would otherwise wait behind every job enqueued before it became due again,
+    and a backlog of new jobs would starve it past its deadline.
+
+    Two short scans of jobs_runnable_idx per priority present, highest first: the started
+    jobs', then the new jobs' (the second runs only if the first held too few), each stopping
+    at the first job not due yet; the next priority is found by one index probe, and only if
+    the ones before held too few due jobs. A queue with fewer due jobs than the claim's limit
+    (an idle one) costs a probe and two scans per priority its pending jobs use, due or not:
+    at most 201 (`PRIORITY_RANGE`), usually one or two. One ordered scan of the whole queue
+    instead would walk every job due later, however many are scheduled for tomorrow.
     """
     return f"""
     WITH RECURSIVE level AS (
@@ -106,22 +112,29 @@ def _due(queue: str, budget: str) -> str:
         FROM level WHERE level.priority IS NOT NULL
     )
     (SELECT d.* FROM level CROSS JOIN LATERAL (
-        SELECT id, priority, run_at, error FROM worker.jobs AS j
-        WHERE j.status = 'pending' AND j.queue = {queue} AND j.priority = level.priority
-          AND j.run_at <= now() AND j.id <> ALL(%(running)s::uuid[])
-          AND EXISTS (SELECT FROM lease)
-          AND CASE WHEN j.concurrency_key IS NULL OR {_SETTLES} THEN true
-                   ELSE worker.concurrency_key_free(j.concurrency_key, coalesce(
-                       (SELECT m.n FROM unnest(%(key_tasks)s::text[], %(key_limits)s::int[])
-                            AS m(task, n) WHERE m.task = j.task), 1)) END
-        ORDER BY j.run_at
+        -- A priority's started jobs, then its new ones: the phases loop inside the level, so
+        -- no plan can take every level's started jobs before a higher level's new ones.
+        SELECT p.* FROM (VALUES (false), (true)) AS phase(fresh) CROSS JOIN LATERAL (
+            SELECT id, priority, run_at, error, started_at IS NULL AS fresh
+            FROM worker.jobs AS j
+            WHERE j.status = 'pending' AND j.queue = {queue} AND j.priority = level.priority
+              AND (j.started_at IS NULL) = phase.fresh
+              AND j.run_at <= now() AND j.id <> ALL(%(running)s::uuid[])
+              AND EXISTS (SELECT FROM lease)
+              AND CASE WHEN j.concurrency_key IS NULL OR {_SETTLES} THEN true
+                       ELSE worker.concurrency_key_free(j.concurrency_key, coalesce(
+                           (SELECT m.n FROM unnest(%(key_tasks)s::text[], %(key_limits)s::int[])
+                                AS m(task, n) WHERE m.task = j.task), 1)) END
+            ORDER BY j.run_at
+            LIMIT {budget}
+            FOR UPDATE SKIP LOCKED
+        ) AS p
         LIMIT {budget}
-        FOR UPDATE SKIP LOCKED
     ) AS d
     LIMIT {budget})
     UNION ALL
     SELECT s.* FROM (
-        SELECT id, priority, run_at, error FROM worker.jobs AS j
+        SELECT id, priority, run_at, error, started_at IS NULL AS fresh FROM worker.jobs AS j
         WHERE {budget} = 0 AND j.status = 'pending' AND j.queue = {queue}
           AND {_SETTLES}
           AND j.run_at <= now() AND j.id <> ALL(%(running)s::uuid[])
@@ -163,7 +176,7 @@ CLAIM = _compact(
     + _due("q.name", "budget.n")
     + """
     ) AS c
-    ORDER BY c.priority DESC, c.run_at
+    ORDER BY c.priority DESC, c.fresh, c.run_at
     LIMIT %(limit)s
 """
     + _CLAIMED
