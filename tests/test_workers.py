@@ -100,11 +100,16 @@ def test_a_worker_presumed_dead_claims_nothing_until_it_registers_again(
     proc = processes.worker(env, "testtasks", extra={"WORKER_LEASE_SECONDS": "30"})
     wait_for(lambda: query(database_url, "SELECT 1 FROM worker.workers"), message="registered")
     query(database_url, "DELETE FROM worker.workers")  # what a rescuer does to a silent worker
-    job = Client(database_url).enqueue("add", {"a": 1, "b": 2})
-    time.sleep(2)  # its NOTIFY woke the worker at once
-    assert job.refresh().status == JobStatus.PENDING
-    assert job.wait_sync(timeout=30) == 3  # its heartbeat (every 10 s) registered it again
+    job = Client(database_url).enqueue("add", {"a": 1, "b": 2})  # its NOTIFY wakes the worker
+    assert job.wait_sync(timeout=30) == 3  # its next heartbeat registered it again
     assert "was presumed dead by another worker" in processes.log(proc)
+    ((registered_again, started),) = query(
+        database_url,
+        "SELECT w.started_at, j.started_at FROM worker.workers AS w, worker.jobs AS j "
+        "WHERE j.id = %s",
+        (job.job_id,),
+    )
+    assert started >= registered_again, "the job was claimed before the worker registered again"
 
 
 def test_killed_workers_jobs_are_finished_by_another_worker_within_the_lease(

@@ -101,7 +101,7 @@ def test_a_silent_workers_job_is_rescued_counting_the_lost_attempt() -> None:
         job_id = driver.enqueue("t")
         await driver.claim(spec(worker_id), 1, [])
         driver.workers[worker_id].heartbeat_at -= 60
-        rescued = await driver.rescue(15.0, lambda: True)
+        rescued = await driver.rescue(15.0, 1.0, lambda: True)
         job = driver.jobs[job_id]
         return len(rescued), job.status, job.retry_count
 

@@ -137,7 +137,12 @@ class Worker:
 
     async def run(self) -> None:
         registration = Registration(
-            self.id, socket.gethostname(), os.getpid(), self.queues, self.concurrency
+            self.id,
+            socket.gethostname(),
+            os.getpid(),
+            self.queues,
+            self.concurrency,
+            self.driver.liveness_key,
         )
         await self.driver.open()
         await self._patience.run(

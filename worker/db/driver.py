@@ -53,6 +53,8 @@ class Registration:
     pid: int
     queues: list[str]
     concurrency: int
+    # The key of the lock its claim session holds while the worker lives (`Driver.liveness_key`).
+    liveness_key: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,6 +166,11 @@ class Closable(Protocol):
 class Driver(Protocol):
     """The database as the daemon and the progress bus use it."""
 
+    # The key of the lock a session of this driver holds for as long as the process lives, so
+    # that the server's end of those sessions tells rescuers it died; None where no session
+    # lasts (behind a transaction pooler, in memory): there only the lease tells.
+    liveness_key: int | None
+
     async def open(self) -> None:
         """Start connecting (without waiting for the database)."""
 
@@ -182,16 +189,23 @@ class Driver(Protocol):
     async def register_worker(self, registration: Registration) -> None: ...
 
     async def heartbeat(
-        self, registration: Registration, registered_again: Callable[[], None] | None = None
+        self,
+        registration: Registration,
+        registered_again: Callable[[], None] | None = None,
+        cancels: bool = True,
     ) -> Beat:
         """Renew the worker's lease (registering it again if its row is gone, and then calling
-        `registered_again` at once, before anything else the beat does can fail)."""
+        `registered_again` at once, before anything else the beat does can fail), and, if
+        `cancels`, read the cancel requests of the jobs it holds."""
 
     async def deregister_worker(self, worker_id: UUID) -> None: ...
 
-    async def rescue(self, lease: float, still_sure: Callable[[], bool]) -> list[RescuedJob]:
-        """Take back the jobs of workers silent for `lease` seconds, if `still_sure()` holds
-        once a connection is in hand."""
+    async def rescue(
+        self, lease: float, grace: float, still_sure: Callable[[], bool]
+    ) -> list[RescuedJob]:
+        """Take back the jobs of dead workers (`sql.RESCUE`): silent for `lease` seconds, or
+        whose sessions ended and who have not beaten for `grace` seconds since that was seen,
+        if `still_sure()` holds once a connection is in hand."""
 
     # -- claims -----------------------------------------------------------------------------
 

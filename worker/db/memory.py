@@ -111,6 +111,8 @@ class _Subscription:
 class MemoryDriver:
     """`worker.db.driver.Driver` in plain Python; see the module's docs."""
 
+    liveness_key: int | None = None  # no sessions: only the lease judges a worker dead
+
     def __init__(self) -> None:
         self.jobs: dict[str, MemoryJob] = {}
         self.workers: dict[UUID, _Worker] = {}
@@ -203,7 +205,10 @@ class MemoryDriver:
         self.workers[registration.id] = _Worker(registration)
 
     async def heartbeat(
-        self, registration: Registration, registered_again: Callable[[], None] | None = None
+        self,
+        registration: Registration,
+        registered_again: Callable[[], None] | None = None,
+        cancels: bool = True,
     ) -> Beat:
         self._reachable()
         known = self.workers.get(registration.id)
@@ -213,20 +218,24 @@ class MemoryDriver:
                 registered_again()
         else:
             known.heartbeat_at = time.monotonic()
-        cancels = [
+        requested = [
             j.id
             for j in self.jobs.values()
-            if j.status == JobStatus.PROCESSING
+            if cancels
+            and j.status == JobStatus.PROCESSING
             and j.worker_id == registration.id
             and j.cancel_requested
         ]
-        return Beat(known is None, cancels)
+        return Beat(known is None, requested)
 
     async def deregister_worker(self, worker_id: UUID) -> None:
         self._reachable()
         self.workers.pop(worker_id, None)
 
-    async def rescue(self, lease: float, still_sure: Callable[[], bool]) -> list[RescuedJob]:
+    async def rescue(
+        self, lease: float, grace: float, still_sure: Callable[[], bool]
+    ) -> list[RescuedJob]:
+        # No sessions here (`liveness_key` is None): only the lease judges.
         self._reachable()
         if not still_sure():
             return []

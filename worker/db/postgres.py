@@ -15,6 +15,7 @@ What this does not do: it does not retry a statement, nor log an outage (the dae
 from __future__ import annotations
 
 import json
+import secrets
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
 from typing import Any
@@ -123,9 +124,16 @@ def make_pool(url: str, concurrency: int) -> AsyncConnectionPool:
     return _pool(url, min(2, size), size, _configure, "worker")
 
 
-def claim_pool(url: str) -> AsyncConnectionPool:
-    """The claim loop's own connection: its session keeps the claim's plan."""
-    return _pool(url, 1, 1, _configure_claims, "worker-claims")
+def claim_pool(url: str, liveness_key: int | None = None) -> AsyncConnectionPool:
+    """The claim loop's own connection: its session keeps the claim's plan, and holds the
+    worker's liveness lock (`sql.HOLD_LIVENESS`) when given its key."""
+
+    async def configure(conn: psycopg.AsyncConnection[Any]) -> None:
+        await _configure_claims(conn)
+        if liveness_key is not None:
+            await conn.execute(sql.HOLD_LIVENESS, {"key": liveness_key})
+
+    return _pool(url, 1, 1, configure, "worker-claims")
 
 
 def _pool(
@@ -189,8 +197,10 @@ class PostgresDriver:
 
     def __init__(self, url: str, concurrency: int = 1, *, events_readers: int = 4) -> None:
         self.url = url
+        # Behind a transaction pooler no session lasts: no lock can outlive a transaction.
+        self.liveness_key = None if pooled() else secrets.randbelow(2**31 - 1) + 1
         self.pool: AsyncConnectionPool[Any] = make_pool(url, concurrency)
-        self.claims: AsyncConnectionPool[Any] = claim_pool(url)
+        self.claims: AsyncConnectionPool[Any] = claim_pool(url, self.liveness_key)
         self.events_connection: psycopg.AsyncConnection[Any] | None = None
         self._events_readers: AsyncConnectionPool[Any] | None = None
         self._events_readers_size = events_readers
@@ -233,7 +243,10 @@ class PostgresDriver:
         await fetch(self.pool, sql.REGISTER_WORKER, _registration(registration))
 
     async def heartbeat(
-        self, registration: Registration, registered_again: Callable[[], None] | None = None
+        self,
+        registration: Registration,
+        registered_again: Callable[[], None] | None = None,
+        cancels: bool = True,
     ) -> Beat:
         async with self.pool.connection() as conn:
             cur = await conn.execute(sql.HEARTBEAT, {"id": registration.id})
@@ -242,17 +255,21 @@ class PostgresDriver:
                 await conn.execute(sql.REGISTER_WORKER, _registration(registration))
                 if registered_again is not None:
                     registered_again()
+            if not cancels:
+                return Beat(again, [])
             cur = await conn.execute(sql.CANCEL_REQUESTED, {"worker_id": registration.id})
             return Beat(again, [job_id for (job_id,) in await cur.fetchall()])
 
     async def deregister_worker(self, worker_id: UUID) -> None:
         await fetch(self.pool, sql.DEREGISTER_WORKER, {"id": worker_id})
 
-    async def rescue(self, lease: float, still_sure: Callable[[], bool]) -> list[RescuedJob]:
+    async def rescue(
+        self, lease: float, grace: float, still_sure: Callable[[], bool]
+    ) -> list[RescuedJob]:
         async with self.pool.connection() as conn:
             if not still_sure():
                 return []
-            cur = await conn.execute(sql.RESCUE, {"lease": lease})
+            cur = await conn.execute(sql.RESCUE, {"lease": lease, "grace": grace})
             rows = await cur.fetchall()
         return [RescuedJob(job_id, task, queue) for job_id, task, queue, _ in rows]
 
@@ -463,4 +480,5 @@ def _registration(r: Registration) -> dict[str, Any]:
         "pid": r.pid,
         "queues": r.queues,
         "concurrency": r.concurrency,
+        "liveness_key": r.liveness_key,
     }

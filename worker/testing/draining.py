@@ -33,6 +33,7 @@ from psycopg.rows import class_row
 from worker.attempt import Executable
 from worker.client import AsyncClient, Client, Job, JobNotFound, default_client
 from worker.daemon.db import Patience
+from worker.daemon.plugins.heartbeat import SESSION_GRACE
 from worker.daemon.stage_store import DaemonStageStore
 from worker.daemon.worker import Worker
 from worker.db import sql
@@ -130,7 +131,7 @@ class _DrainWorker(Worker):
             # Gone from `worker.workers`, the worker claims nothing more, and the rescue takes
             # back each job it holds as it would a dead worker's: pending, the attempt counted.
             await self.driver.deregister_worker(self.id)
-            await self.driver.rescue(self.settings.lease_seconds, lambda: True)
+            await self.driver.rescue(self.settings.lease_seconds, SESSION_GRACE, lambda: True)
             self.ran.pop(job_id, None)
             self.ran[job_id] = None
             self.crash_done.set()

@@ -1,9 +1,12 @@
-"""The rescuer: the jobs of workers silent for a whole lease go back to `pending`.
+"""The rescuer: the jobs of dead workers go back to `pending`.
 
-Rescue is purely based on time: a worker that stalls longer than the lease (a frozen VM, a
-long outage) loses its jobs to others, and its late results are discarded by the outcome
-guard. Only a worker whose own heartbeat has gone through for a whole lease judges others:
-after an outage every heartbeat is stale, including the live workers'.
+A worker is dead when the server ended its sessions (its process died) and it has not beaten
+for `SESSION_GRACE` since that was seen: its jobs start again within seconds. Otherwise only
+time tells: a worker that stalls longer than the lease (a frozen VM, a partition, a long
+outage) loses its jobs to others, and its late results are discarded by the outcome guard.
+The rule itself is one statement, `worker.db.sql.liveness.RESCUE`. Only a worker sure of its
+own heartbeat judges others (`Heartbeat.sure_of_others`): after an outage every heartbeat is
+stale, including the live workers'. A worker rescues once as it starts, then every half grace.
 
 What this does not do: it does not run the rescued jobs; they are claimed like any other.
 """
@@ -14,7 +17,7 @@ import asyncio
 import logging
 import random
 
-from worker.daemon.plugins.heartbeat import Heartbeat
+from worker.daemon.plugins.heartbeat import SESSION_GRACE, Heartbeat
 from worker.db.driver import Driver
 from worker.db.errors import TRANSIENT
 from worker.logs import fields
@@ -23,7 +26,7 @@ log = logging.getLogger("worker.daemon")
 
 
 class Rescuer:
-    """Rescues the jobs of silent workers every lease/4 seconds, jittered."""
+    """Rescues the jobs of dead workers at start, then every half grace (jittered)."""
 
     name = "rescuer"
 
@@ -41,11 +44,11 @@ class Rescuer:
         # Judged again with a connection in hand: waiting for one may have outlasted an
         # outage, after which the other workers' heartbeats are not back yet.
         rescued = await self._driver.rescue(
-            self._lease, lambda: self._heartbeat.healthy_for(self._lease)
+            self._lease, SESSION_GRACE, lambda: self._heartbeat.sure_of_others(self._lease)
         )
         for job in rescued:
             log.warning(
-                "job %s (%s, queue %s) rescued: its worker stopped heartbeating; back to pending",
+                "job %s (%s, queue %s) rescued: its worker was lost; back to pending",
                 job.id,
                 job.task,
                 job.queue,
@@ -54,13 +57,11 @@ class Rescuer:
         return len(rescued)
 
     async def run(self) -> None:
+        interval = min(self._lease / 4, SESSION_GRACE / 2)
         while True:
-            await asyncio.sleep(self._lease / 4 * (0.75 + random.random() / 2))
-            # Only a worker that has itself been reachable for a whole lease may judge others:
-            # after an outage every heartbeat is stale, including the live workers'.
-            if not self._heartbeat.healthy_for(self._lease):
-                continue
-            try:
-                await self.rescue()
-            except TRANSIENT as exc:
-                log.debug("rescue skipped: %s", type(exc).__name__)
+            if self._heartbeat.sure_of_others(self._lease):
+                try:
+                    await self.rescue()
+                except TRANSIENT as exc:
+                    log.debug("rescue skipped: %s", type(exc).__name__)
+            await asyncio.sleep(interval * (0.75 + random.random() / 2))
