@@ -16,8 +16,10 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from chaos.harness import OwnServer
 from support import Processes, effects, query, wait_for, wait_for_status, worker_env
 from support.pooler import MISSING, PGBOUNCER, PgBouncer, fleet_command
+from support.servers import ServerLog
 
 from worker import Client, JobStatus
 from worker.daemon.db import Patience
@@ -246,6 +248,38 @@ def test_a_worker_behind_an_undeclared_transaction_pooler_refuses_to_start_in_on
     assert "Traceback" not in log, log
     (line,) = [line for line in log.splitlines() if "DATABASE_POOLER" in line]
     assert "set DATABASE_POOLER=transaction" in line
+
+
+@pytest.fixture(scope="module")
+def own_server() -> Iterator[OwnServer]:
+    """A PostgreSQL of this module's own: its log holds only what these tests' clients did."""
+    own = OwnServer()
+    yield own
+    own.destroy()
+
+
+@pytest.mark.parametrize("route", ["direct", "undeclared pooler", "declared pooler"])
+def test_the_pooler_check_of_a_starting_worker_leaves_no_error_in_the_servers_log(
+    own_server, route, tmp_path, processes
+):
+    # Log-based alerting reads every ERROR line: a worker's start must write none, whether the
+    # check finds a pooler (the worker refuses to start) or not, and where it does not run.
+    log = ServerLog(own_server.pg)
+    with PgBouncer(own_server.url, tmp_path, pool_size=4) as bouncer:
+        url = own_server.url if route == "direct" else bouncer.url
+        pooler = "transaction" if route == "declared pooler" else "none"
+        env = worker_env(url, DATABASE_POOLER=pooler, WORKER_DATA_DIR=str(tmp_path / "data"))
+        proc = processes.worker(env, "testtasks")
+        if route == "undeclared pooler":
+            assert proc.wait(30) == 1
+            assert "set DATABASE_POOLER=transaction" in processes.log(proc)
+        else:
+            wait_for(
+                lambda: " started: queues " in processes.log(proc),
+                timeout=30,
+                message="the worker started",
+            )
+    assert log.errors() == []
 
 
 def test_a_client_behind_an_undeclared_transaction_pooler_fails_saying_so(database_url, tmp_path):

@@ -39,3 +39,24 @@ def trust_clients(server: LocalPostgres, subnet: str) -> None:
     """Let clients of `subnet` (a CIDR) connect as any user, as local ones may."""
     with open(server.data_dir / "pg_hba.conf", "a") as hba:
         hba.write(f"host all all {subnet} trust\n")
+
+
+class ServerLog:
+    """What a server of a test's own writes to its log from the moment this is made on.
+
+    What this does not do: it reads only servers started by `LocalPostgres` (their log is
+    `server.log` in the data folder), never one named by `TEST_DATABASE_URL`.
+    """
+
+    def __init__(self, server: LocalPostgres) -> None:
+        self.path = server.data_dir / "server.log"
+        self.start = self.path.stat().st_size
+
+    def lines(self) -> list[str]:
+        with open(self.path, "rb") as log:
+            log.seek(self.start)
+            return log.read().decode(errors="replace").splitlines()
+
+    def errors(self) -> list[str]:
+        """Lines reporting an error to a client (`ERROR:`), and the statement lines after them."""
+        return [line for line in self.lines() if "ERROR:" in line or "STATEMENT:" in line]

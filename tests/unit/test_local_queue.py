@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -295,6 +296,76 @@ def test_a_job_whose_claim_was_lost_is_not_claimed_again_until_its_old_outcome_i
     asyncio.run(main())
     assert runs == [1, 2]
     assert driver.jobs[job_id].result == 2  # the run after the lost claim, not the first
+
+
+class LateAnswers(MemoryDriver):
+    """Outcome writes that commit at once but whose answer reaches the worker only once
+    `answered` is set: the job is due again before its worker knows its outcome is written."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.answered = asyncio.Event()
+
+    async def record_outcomes(self, *args: Any, **kwargs: Any) -> Any:
+        answers = await super().record_outcomes(*args, **kwargs)
+        await self.answered.wait()
+        return answers
+
+
+class Lines(logging.Handler):
+    """The events of the `worker.jobs` lines, in the order they were logged."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.events: list[tuple[str, str]] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        fields = getattr(record, "fields", {})
+        self.events.append((getattr(record, "event", ""), fields.get("job_id", "")))
+
+
+def test_a_retried_jobs_next_start_is_logged_after_its_requeue_even_if_due_before_the_answer() -> (
+    None
+):
+    """The retry is due at once, before the worker hears that its outcome was written: the
+    worker claims the job again only once it has heard, and logs the requeue first."""
+    driver = LateAnswers()
+    runs: list[int] = []
+    lines, jobs_log = Lines(), logging.getLogger("worker.jobs")
+    level = jobs_log.level
+
+    async def main() -> None:
+        async def flaky(payload: dict[str, Any]) -> int:
+            runs.append(len(runs) + 1)
+            if len(runs) == 1:
+                raise RuntimeError("the first attempt fails")
+            return len(runs)
+
+        async with running(
+            driver, registry(flaky=flaky), WORKER_POLL_MIN=0.01, WORKER_POLL_MAX=0.02
+        ):
+            async with asyncio.timeout(5):
+                while driver.jobs[job_id].status != JobStatus.PENDING:  # written, due at once
+                    await asyncio.sleep(0.005)
+            await asyncio.sleep(0.2)  # many claims while the answer is on its way
+            assert runs == [1]
+            driver.answered.set()
+            await settled(driver, job_id)
+
+    job_id = driver.enqueue("flaky")
+    jobs_log.addHandler(lines)
+    jobs_log.setLevel(logging.INFO)
+    try:
+        asyncio.run(main())
+    finally:
+        jobs_log.removeHandler(lines)
+        jobs_log.setLevel(level)
+    assert [event for event, job in lines.events if job == job_id] == [
+        "job.started",
+        "job.requeued",
+        "job.started",
+        "job.completed",
+    ]
 
 
 def test_the_claim_loop_refuses_a_move_its_state_machine_does_not_name() -> None:

@@ -15,7 +15,6 @@ not fail over by itself (point `DATABASE_URL` at a name that follows the primary
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import time
@@ -236,20 +235,32 @@ def shares_sessions(url: str, conn: psycopg.Connection[object]) -> bool:
     """Whether a statement `conn` prepares is seen by another connection to `url`: a pooler in
     transaction mode handing one server session to its clients in turn (never so directly).
 
-    A pooler whose sessions are all busy may hand the other connection a different one: then
-    this says False, and the first clash of prepared statements says it instead.
+    The other connection looks the statement up in `pg_prepared_statements` instead of
+    executing it, so that not finding it (a direct connection, a pooler in session mode) writes
+    no error to the server's log. A pooler whose sessions are all busy may hand the other
+    connection a different one: then this says False, and the first clash of prepared
+    statements says it instead.
     """
     name = f"durable_worker_probe_{os.getpid()}"
     with connect(url, "durable-worker") as other:
         conn.execute(f"PREPARE {name} AS SELECT 1")
-        try:
-            # Both in one simple query, so on one server session whatever the pooler.
-            other.execute(f"EXECUTE {name}; DEALLOCATE {name}")
-        except psycopg.errors.InvalidSqlStatementName:
-            with contextlib.suppress(psycopg.Error):
-                conn.execute(f"DEALLOCATE {name}")
-            return False
-    return True
+        shared = _deallocate_if_prepared(other, name)
+        if not shared:
+            _deallocate_if_prepared(conn, name)
+    return shared
+
+
+def _deallocate_if_prepared(conn: psycopg.Connection[object], name: str) -> bool:
+    """Deallocate statement `name` from the session `conn` reaches now, if it is prepared there;
+    whether it was."""
+    # One transaction, so that a transaction pooler keeps both statements on one server session.
+    with conn.transaction():
+        found = conn.execute(
+            "SELECT 1 FROM pg_prepared_statements WHERE name = %s", (name,)
+        ).fetchone()
+        if found is not None:
+            conn.execute(f"DEALLOCATE {name}")
+    return found is not None
 
 
 class DatabaseUnreachable(Exception):

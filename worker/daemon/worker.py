@@ -258,10 +258,16 @@ class Worker:
         )
 
     def _recorded(self, rows: list[RecordedOutcome], refused: list[str]) -> None:
+        # Each job's line goes out before the job is released to the claim loop: until then no
+        # claim of this worker takes it, so its next start is never logged before its outcome.
+        self._log_outcomes(rows)
         self._local.recorded([row.id for row in rows] + refused)
         self.processed += len(rows)
         if self.on_recorded is not None:
             self.on_recorded(rows)
+
+    def _log_outcomes(self, rows: list[RecordedOutcome]) -> None:
+        """One line per outcome written, from the write's answer."""
         if not job_log.isEnabledFor(logging.INFO):
             return
         for row in rows:
