@@ -112,8 +112,9 @@ def test_a_middleware_that_raises_is_logged_and_the_job_runs_as_without_it(
     assert ran[-1] == "outer.after completed"  # the other middleware ran all the same
     for hook in hooks:
         wait_for(
-            lambda hook=hook: f"middleware Faulty.{hook} raised on job {job.id}"
-            in processes.log(worker),
+            lambda hook=hook: (
+                f"middleware Faulty.{hook} raised on job {job.id}" in processes.log(worker)
+            ),
             timeout=10,
             message=f"the log to name Faulty.{hook}",
         )
