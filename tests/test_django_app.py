@@ -174,6 +174,8 @@ def test_manage_py_worker_jobs_prints_the_jobs_of_django_s_database(
 
     Command().run_from_argv(["manage.py", "worker", "jobs", "--task", "manage_py_listed", "--json"])
     assert job in capsys.readouterr().out
+    Command().run_from_argv(["manage.py", "worker", "--help"])  # the program's help, not Django's
+    assert "background jobs on PostgreSQL" in capsys.readouterr().out
 
 
 def test_manage_py_worker_refuses_a_bad_option_with_exit_code_2(
@@ -213,3 +215,23 @@ def test_an_enqueue_in_a_rolled_back_block_leaves_no_job_and_a_committed_one_is_
     assert rows == [(kept.id, {"order": 2})]
     assert gone.id != kept.id
     assert list(Group.objects.values_list("name", flat=True)) == ["committed"]
+
+
+def test_the_actions_are_offered_only_to_users_who_may_change_jobs(django_url: str) -> None:
+    from django.contrib.auth.models import Permission, User
+    from django.test import Client
+
+    viewer = User.objects.create_user("viewer", password="x", is_staff=True)
+    viewer.user_permissions.add(Permission.objects.get(codename="view_job"))
+    http = Client()
+    http.force_login(viewer)
+    listed = http.get("/admin/durable_worker/job/").content.decode()
+    assert "retry_jobs" not in listed and "cancel_jobs" not in listed
+
+    operator = User.objects.create_user("operator", password="x", is_staff=True)
+    operator.user_permissions.add(
+        *Permission.objects.filter(codename__in=["view_job", "change_job"])
+    )
+    http.force_login(operator)
+    listed = http.get("/admin/durable_worker/job/").content.decode()
+    assert "retry_jobs" in listed and "cancel_jobs" in listed
