@@ -29,7 +29,8 @@ from worker.client import (
     resume,
     retry,
 )
-from worker.models import JobStatus, ProgressEvent
+from worker.middleware import Middleware, add_middleware, remove_middleware
+from worker.models import JobStatus, Outcome, OutcomeKind, ProgressEvent
 from worker.retries import Backoff, Retry
 from worker.stages import ALL_DONE, ALL_SUCCESS, Pipeline, TriggerRule
 from worker.tasks import Context, JobCancelled, PauseForResolution, Task, task
@@ -51,6 +52,9 @@ __all__ = [
     "JobNotFound",
     "JobSpec",
     "JobStatus",
+    "Middleware",
+    "Outcome",
+    "OutcomeKind",
     "PauseForResolution",
     "Pipeline",
     "ProgressEvent",
@@ -58,10 +62,12 @@ __all__ = [
     "Retry",
     "Task",
     "TriggerRule",
+    "add_middleware",
     "cancel",
     "cleanup_jobs",
     "enqueue",
     "enqueue_many",
+    "remove_middleware",
     "resume",
     "retry",
     "task",

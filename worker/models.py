@@ -154,6 +154,8 @@ class Outcome:
     stage_end: StageEnd | None = None
     # Progress events that report this outcome: published once it is written, never before.
     events: list[ProgressEvent] = field(default_factory=list)
+    # What the job's code raised, for a failed attempt: what middleware's `on_error` is told.
+    exception: BaseException | None = field(default=None, repr=False, compare=False)
 
 
 @dataclass

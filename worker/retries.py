@@ -130,10 +130,11 @@ class RetryRules:
         """The outcome of an attempt that raised `exc` after `retries` earlier retries."""
         if isinstance(exc, Retry):
             return Outcome(OutcomeKind.RETRY, error=error, delay=exc.after)
+        # A `Retry` asks for another attempt; any other exception is an error (`exception`).
         if self.give_up_on and isinstance(exc, self.give_up_on):
-            return Outcome(OutcomeKind.FAILED, error=error)
+            return Outcome(OutcomeKind.FAILED, error=error, exception=exc)
         delay = None if self.backoff is None else self.backoff.delay(retries)
-        return Outcome(OutcomeKind.RETRY, error=error, delay=delay)
+        return Outcome(OutcomeKind.RETRY, error=error, delay=delay, exception=exc)
 
 
 DEFAULT_RULES = RetryRules()

@@ -18,7 +18,7 @@ import logging
 import threading
 import time
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -28,6 +28,7 @@ from worker.daemon.stage_store import JobLost, storable_text
 from worker.db.postgres import UnreadableJSON
 from worker.encoding import NotStorable, dumps
 from worker.logs import fields
+from worker.middleware import around
 from worker.models import ClaimedJob, Outcome, OutcomeKind, StageEnd, StageStatus
 from worker.settings import Settings
 from worker.stages import Pipeline
@@ -51,8 +52,10 @@ class Executor:
         runtime: Runtime,
         finished: Callable[[ClaimedJob, Outcome, float], None],
         slot_freed: Callable[[], None],
+        middleware: Sequence[object] = (),
     ) -> None:
         self._registry = registry
+        self._middleware = middleware  # `worker.middleware`: around every attempt
         self._settings = settings
         self._runtime = runtime
         self._finished = finished
@@ -186,6 +189,12 @@ class Executor:
         return outcome
 
     async def _attempt(self, entry: Executable, ctx: Context) -> Outcome:
+        """Run the job's code inside the middleware, if any is registered."""
+        if not self._middleware:
+            return await self._run(entry, ctx)
+        return await around(self._middleware, ctx, lambda: self._run(entry, ctx))
+
+    async def _run(self, entry: Executable, ctx: Context) -> Outcome:
         """Run the job's code; whatever it raises becomes the attempt's outcome."""
         try:
             return await entry.execute(ctx)

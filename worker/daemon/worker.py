@@ -26,7 +26,7 @@ import logging
 import os
 import socket
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from worker.attempt import Executable
@@ -42,6 +42,7 @@ from worker.db.errors import TRANSIENT, describe
 from worker.db.postgres import PostgresDriver
 from worker.events import PostgresBus, ProgressBus
 from worker.logs import fields
+from worker.middleware import MIDDLEWARE
 from worker.models import JobStatus
 from worker.schedules import SCHEDULES
 from worker.settings import Settings
@@ -62,6 +63,9 @@ class Worker:
 
     >>> worker = Worker(url, settings)          # doctest: +SKIP
     >>> asyncio.run(worker.run())               # doctest: +SKIP
+
+    `middleware` runs around each attempt (`worker.middleware`); by default, the process's
+    registered middleware, read at each attempt, so a module may register it after this.
     """
 
     def __init__(
@@ -72,6 +76,7 @@ class Worker:
         registry: Mapping[str, Executable] = REGISTRY,
         bus: ProgressBus | None = None,
         driver: Driver | None = None,
+        middleware: Sequence[object] = MIDDLEWARE,
     ) -> None:
         self.url = url
         self.settings = settings
@@ -97,7 +102,9 @@ class Worker:
             self._stop.is_set,
             self._completer.add,
         )
-        self._executor = Executor(registry, settings, self, self._local.finished, self._local.freed)
+        self._executor = Executor(
+            registry, settings, self, self._local.finished, self._local.freed, middleware
+        )
         self._local.executor = self._executor
         self._failure: DutyFailed | None = None
         self._subscriptions: list[Closable] = []

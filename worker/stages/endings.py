@@ -111,6 +111,7 @@ class Ended:
     message: dict[str, JSON] | None = None  # the event's message
     delay: float | None = None  # snoozed or retried: seconds until the stage runs again
     question: JSON = None  # paused: what the operator is asked
+    exception: BaseException | None = None  # failed: what the stage raised (not a `Retry`)
 
     @classmethod
     def raised(
@@ -142,12 +143,14 @@ class Ended:
                 stored_error=str(exc),
                 job_error=error,
                 message={"error": short_error(exc)},
+                exception=exc,
             )
         ended = cls.failed(stage, exc)
         outcome = rules.outcome(exc, retries, ended.job_error or "")
         if outcome.kind == OutcomeKind.FAILED:
             ended.how = Ending.FAILED_FOR_GOOD
         ended.delay = outcome.delay
+        ended.exception = outcome.exception
         return ended
 
     @classmethod

@@ -350,7 +350,11 @@ class PipelineRun:
         rule = ENDINGS[ended.how]
         await self.store.finished(self.job, ended.stage, rule.written, error=ended.stored_error)
         outcome = Outcome(
-            rule.outcome, result=ended.question, error=ended.job_error, delay=ended.delay
+            rule.outcome,
+            result=ended.question,
+            error=ended.job_error,
+            delay=ended.delay,
+            exception=ended.exception,
         )
         if rule.event is not None:
             event = self.ctx.event(ended.stage, rule.event, ended.message)
