@@ -72,6 +72,7 @@ class Worker:
         registry: Mapping[str, Executable] = REGISTRY,
         bus: ProgressBus | None = None,
         driver: Driver | None = None,
+        schedules: bool = True,
     ) -> None:
         self.url = url
         self.settings = settings
@@ -85,6 +86,10 @@ class Worker:
         self._patience = Patience(self._stop.is_set, self.driver.confirm_reachable)
         self.store = DaemonStageStore(self.driver, self._patience, self.id)
         self.processed = 0
+        # Whether it fires the periodic tasks of its registry (`worker.testing.drain` turns
+        # that off), and, set once its scheduler first fired what was due (or it has none).
+        self.schedules = schedules
+        self.ticks_fired = asyncio.Event()
         self._completer = Completer(
             self.driver, self.id, settings, self._patience, self.bus.publish, self._recorded
         )
@@ -156,8 +161,10 @@ class Worker:
             plugins.append(Retention(self.driver, self.settings))
         plugins.append(Rollup(self.driver, self.registry))
         schedules = [s for s in SCHEDULES.values() if s.task in self.registry]
-        if schedules:
-            plugins.append(Scheduler(self.driver, schedules))
+        if schedules and self.schedules:
+            plugins.append(Scheduler(self.driver, schedules, fired=self.ticks_fired))
+        else:
+            self.ticks_fired.set()
         duties = [
             asyncio.create_task(self._completer.run(), name="completer"),
             asyncio.create_task(self.store.run(), name="stage writes"),
