@@ -330,6 +330,7 @@ def task(
     cron: str | None = None,
     every: float | timedelta | None = None,
     tz: str | None = None,
+    queue: str | None = None,
 ) -> _Decorator: ...
 
 
@@ -347,6 +348,7 @@ def task(
     cron: str | None = None,
     every: float | timedelta | None = None,
     tz: str | None = None,
+    queue: str | None = None,
 ) -> Any:
     """Register a function as a task; the worker runs it for jobs naming it. Returns its
     `Task`, callable as the function was, with `enqueue` and `enqueue_async`.
@@ -356,7 +358,8 @@ def task(
     how many jobs sharing a key may run at once, across all workers.
 
     With `cron` (in zone `tz`, UTC by default) or `every` (seconds, or a timedelta), the
-    workers also enqueue it with an empty payload at each tick (see `worker.schedules`).
+    workers also enqueue it with an empty payload at each tick (see `worker.schedules`), in
+    the queue `queue` (`default` if not given).
 
     >>> @task
     ... def add(payload):
@@ -383,7 +386,7 @@ def task(
             for p in inspect.signature(f).parameters.values()
             if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
         ]
-        schedule = schedule_for(name or f.__name__, cron=cron, every=every, tz=tz)
+        schedule = schedule_for(name or f.__name__, cron=cron, every=every, tz=tz, queue=queue)
         entry: Task[Any, Any] = Task(
             name=name or f.__name__,
             fn=f,

@@ -230,8 +230,10 @@ class Driver(Protocol):
 
     # -- periodic tasks ---------------------------------------------------------------------
 
-    async def fire_tick(self, key: str, task: str, spec: str, tick: datetime) -> str | None:
-        """Enqueue the job of schedule `key`'s `tick` unless its row has a tick as late: the
+    async def fire_tick(
+        self, key: str, task: str, spec: str, tick: datetime, queue: str
+    ) -> str | None:
+        """Enqueue the job of schedule `key`'s `tick`, in `queue`, unless its row has a tick as late: the
         new job's id, or None (another worker fired it, or the schedule is new: its row is
         created at `tick`, with no job)."""
 

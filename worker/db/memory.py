@@ -408,7 +408,9 @@ class MemoryDriver:
         self.events = [e for e in self.events if e.job_id not in doomed]
         return len(doomed)
 
-    async def fire_tick(self, key: str, task: str, spec: str, tick: datetime) -> str | None:
+    async def fire_tick(
+        self, key: str, task: str, spec: str, tick: datetime, queue: str
+    ) -> str | None:
         self._reachable()
         last = self.schedules.get(key)
         if last is not None and last >= tick:
@@ -416,7 +418,7 @@ class MemoryDriver:
         self.schedules[key] = tick
         if last is None:
             return None  # first sight: the schedule fires from its next tick
-        job_id = self.enqueue(task)
+        job_id = self.enqueue(task, queue=queue)
         self.jobs[job_id].run_at = time.monotonic() + (tick - datetime.now(UTC)).total_seconds()
         return job_id
 

@@ -381,8 +381,10 @@ class PostgresDriver:
 
     # -- periodic tasks ---------------------------------------------------------------------
 
-    async def fire_tick(self, key: str, task: str, spec: str, tick: datetime) -> str | None:
-        params = {"key": key, "task": task, "spec": spec, "tick": tick}
+    async def fire_tick(
+        self, key: str, task: str, spec: str, tick: datetime, queue: str
+    ) -> str | None:
+        params = {"key": key, "task": task, "spec": spec, "tick": tick, "queue": queue}
         rows = await fetch(self.pool, sql.FIRE_TICK, params)
         return str(rows[0][0]) if rows else None
 

@@ -70,7 +70,7 @@ class Scheduler:
             for tick in self._due(schedule, now):
                 try:
                     job_id = await self._driver.fire_tick(
-                        schedule.key, schedule.task, schedule.spec, tick
+                        schedule.key, schedule.task, schedule.spec, tick, schedule.queue
                     )
                 except _FAILURES as exc:  # the other schedules still fire; this one next time
                     failed = exc
@@ -88,6 +88,7 @@ class Scheduler:
                         "schedule.fired",
                         job_id=job_id,
                         task=schedule.task,
+                        queue=schedule.queue,
                         schedule=schedule.key,
                         tick=tick.isoformat(),
                     ),
