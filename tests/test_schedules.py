@@ -47,7 +47,8 @@ def test_concurrent_firings_of_one_tick_insert_one_job(database_url):
     tick = datetime(2026, 1, 1, 12, tzinfo=UTC)
 
     async def fire_together(driver: PostgresDriver, at: datetime) -> list[str | None]:
-        calls = [driver.fire_tick("t every 60s", "t", "every 60s", at, "default") for _ in range(10)]
+        fire = driver.fire_tick
+        calls = [fire("t every 60s", "t", "every 60s", at, "default") for _ in range(10)]
         return await asyncio.gather(*calls)
 
     async def main() -> list[list[str | None]]:
@@ -221,7 +222,9 @@ def test_periodic_jobs_go_to_their_schedules_queue_where_its_workers_run_them(
     proc = processes.worker({**env, "WORKER_QUEUES": "reports"}, "queuedschedules")
 
     def reports_done() -> int:
-        statement = "SELECT count(*) FROM worker.jobs WHERE task = 'report' AND status = 'completed'"
+        statement = (
+            "SELECT count(*) FROM worker.jobs WHERE task = 'report' AND status = 'completed'"
+        )
         return int(query(database_url, statement)[0][0])
 
     wait_for(lambda: reports_done() >= 2, timeout=60, message="two periodic jobs run")

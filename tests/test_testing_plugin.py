@@ -13,7 +13,6 @@ import time
 
 import psycopg
 import pytest
-
 from support import query
 
 from worker import Client, JobStatus, Pipeline, Retry, task

@@ -2,8 +2,9 @@
 
 `@task(cron="0 9 * * mon-fri", tz="Europe/Paris")` or `@task(every=30)` gives the task a
 `Schedule`, registered in `SCHEDULES`; every worker importing the task then enqueues its jobs,
-in the schedule's queue (`queue=`, else `default`), at each tick (see `worker.daemon.plugins.scheduler`), and the database sees that each tick is
-enqueued once however many workers do so (`worker.db.sql.schedules`).
+in the schedule's queue (`queue=`, else `default`), at each tick (see
+`worker.daemon.plugins.scheduler`), and the database sees that each tick is enqueued once
+however many workers do so (`worker.db.sql.schedules`).
 
 Ticks are moments every worker computes alike: a cron expression's times in its zone, or the
 multiples of `every` seconds since the Unix epoch (every=30 ticks at :00 and :30 of each

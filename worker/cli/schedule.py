@@ -1,8 +1,9 @@
 """`worker schedule`: the periodic tasks of some task modules, when each runs next and last.
 
 It imports the modules as `worker run` does and lists each schedule: its task, its cron
-expression or interval, its time zone, the queue its jobs go to, its next run, and from `worker.schedules` (when the
-database answers) the last tick it fired and how many jobs it enqueued. What this does not
+expression or interval, its time zone, the queue its jobs go to, its next run, and from
+`worker.schedules` (when the database answers) the last tick it fired and how many jobs it
+enqueued. What this does not
 do: it enqueues nothing and changes no row; an old schedule's row is deleted with SQL (see
 docs/scheduling.md, "Periodic jobs").
 """

@@ -233,9 +233,9 @@ class Driver(Protocol):
     async def fire_tick(
         self, key: str, task: str, spec: str, tick: datetime, queue: str
     ) -> str | None:
-        """Enqueue the job of schedule `key`'s `tick`, in `queue`, unless its row has a tick as late: the
-        new job's id, or None (another worker fired it, or the schedule is new: its row is
-        created at `tick`, with no job)."""
+        """Enqueue the job of schedule `key`'s `tick`, in `queue`, unless its row has a tick
+        as late: the new job's id, or None (another worker fired it, or the schedule is new:
+        its row is created at `tick`, with no job)."""
 
     async def publish_stage_plans(self, plans: StagePlans) -> None:
         """Record each pipeline's stages and cleanups, for the console."""
