@@ -29,7 +29,7 @@ from worker.client import (
     resume,
     retry,
 )
-from worker.models import JobStatus, ProgressEvent
+from worker.models import JobEnding, JobStatus, ProgressEvent
 from worker.retries import Backoff, Retry
 from worker.stages import ALL_DONE, ALL_SUCCESS, Pipeline, TriggerRule
 from worker.tasks import Context, JobCancelled, PauseForResolution, Task, task
@@ -46,6 +46,7 @@ __all__ = [
     "Job",
     "JobCancelled",
     "JobCancelledError",
+    "JobEnding",
     "JobError",
     "JobFailed",
     "JobNotFound",

@@ -27,7 +27,15 @@ from worker.attempt import Executable, Runtime, abandoned_here, call, settled_be
 from worker.client.errors import InvalidJob
 from worker.client.validation import JobSpec
 from worker.encoding import dumps
-from worker.models import JSON, ClaimedJob, EventStatus, Outcome, OutcomeKind, ProgressEvent
+from worker.models import (
+    JSON,
+    ClaimedJob,
+    EventStatus,
+    JobEnding,
+    Outcome,
+    OutcomeKind,
+    ProgressEvent,
+)
 from worker.retries import DEFAULT_RULES, Backoff, RetryRules, rules
 from worker.schedules import register_schedule, schedule_for
 
@@ -98,6 +106,9 @@ class Context:
     outputs: dict[str, JSON] = field(default_factory=dict)
     step: str = ""
     deadline: float | None = None  # time.monotonic() by which the job must finish
+    # In a pipeline's cleanup: what becomes of the job after the attempt it cleans up after.
+    # None elsewhere.
+    ending: JobEnding | None = None
 
     @property
     def job_id(self) -> str:
