@@ -3,7 +3,8 @@
 Errors are one red line and exit code 1 (bad settings and usage: 2), never a traceback.
 Each command group lives in a module of its own (`run`, `schedule`, `jobs`, `failures`,
 `status`, `queues`, `maintenance`, `serve`); this module registers them, in the order
-`worker --help` lists them, and runs the program. What this does not do: no command's work is done here.
+`worker --help` lists them, and runs the program. What this does not do: no command's work
+is done here.
 """
 
 from __future__ import annotations
