@@ -35,7 +35,7 @@ from worker.daemon.db import Patience
 from worker.daemon.executor import Executor
 from worker.daemon.local_queue import LocalQueue, claim_spec
 from worker.daemon.plugins import Heartbeat, Plugin, Rescuer, Retention, Scheduler
-from worker.daemon.plugins.rollup import Rollup
+from worker.daemon.plugins.rollup import Rollup, task_limits
 from worker.daemon.stage_store import DaemonStageStore
 from worker.db.driver import Closable, Driver, RecordedOutcome, Registration
 from worker.db.errors import TRANSIENT, describe
@@ -159,7 +159,8 @@ class Worker:
         ]
         if self.settings.retention_enabled:
             plugins.append(Retention(self.driver, self.settings))
-        plugins.append(Rollup(self.driver, self.registry))
+        limits = task_limits(self.registry, self.settings.max_retries)
+        plugins.append(Rollup(self.driver, self.registry, limits=limits))
         schedules = [s for s in SCHEDULES.values() if s.task in self.registry]
         if schedules and self.schedules:
             plugins.append(Scheduler(self.driver, schedules, fired=self.ticks_fired))

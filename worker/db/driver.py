@@ -240,6 +240,9 @@ class Driver(Protocol):
     async def publish_stage_plans(self, plans: StagePlans) -> None:
         """Record each pipeline's stages and cleanups, for the console."""
 
+    async def publish_task_limits(self, limits: Mapping[str, int]) -> None:
+        """Record the retry limit each task's jobs get when they set none, for `worker show`."""
+
     async def roll_up(self) -> bool:
         """Count the recent outcomes and sample each queue's depth for the console's charts;
         False if another worker has this turn."""

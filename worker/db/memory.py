@@ -28,7 +28,7 @@ import itertools
 import json
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
@@ -119,6 +119,7 @@ class MemoryDriver:
         self.locked: set[str] = set()  # rows another client holds locked
         self.schedules: dict[str, datetime] = {}  # a schedule's key: its latest tick taken
         self.stage_plans: StagePlans = {}
+        self.task_limits: dict[str, int] = {}
         self.rollups = 0  # rollups taken: the memory driver keeps no charts, only their count
         self.unreachable = False
         self.claims = 0  # claim statements answered, for tests of the claim loop
@@ -425,6 +426,10 @@ class MemoryDriver:
     async def publish_stage_plans(self, plans: StagePlans) -> None:
         self._reachable()
         self.stage_plans = {**self.stage_plans, **plans}
+
+    async def publish_task_limits(self, limits: Mapping[str, int]) -> None:
+        self._reachable()
+        self.task_limits = {**self.task_limits, **limits}
 
     async def roll_up(self) -> bool:
         self._reachable()

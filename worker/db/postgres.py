@@ -15,7 +15,7 @@ What this does not do: it does not retry a statement, nor log an outage (the dae
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 from uuid import UUID
@@ -391,6 +391,10 @@ class PostgresDriver:
     async def publish_stage_plans(self, plans: StagePlans) -> None:
         async with self.pool.connection() as conn:
             await console.publish_stages(conn, plans)
+
+    async def publish_task_limits(self, limits: Mapping[str, int]) -> None:
+        async with self.pool.connection() as conn:
+            await console.publish_limits(conn, limits)
 
     async def roll_up(self) -> bool:
         async with self.pool.connection() as conn:

@@ -195,6 +195,18 @@ SET pending = greatest(r.pending, EXCLUDED.pending),
 # Rows past what any chart shows.
 PRUNE_ROLLUPS = "DELETE FROM worker.job_rollups WHERE minute < now() - interval '2 days'"
 
+# A worker's registry, published: the retry limit its claim applies to each task's jobs that
+# set none (the task's own, else the worker's default), so `worker show` gives it without the
+# task's code. Rows are written in key order, as the stages below, so two workers starting at
+# once lock them in the same order; a row already right is not rewritten.
+PUBLISH_LIMITS = """
+INSERT INTO worker.task_limits (task, max_retries)
+SELECT key, value::integer FROM jsonb_each_text(%(limits)s::jsonb) ORDER BY key
+ON CONFLICT (task) DO UPDATE
+SET max_retries = EXCLUDED.max_retries, updated_at = now()
+WHERE task_limits.max_retries <> EXCLUDED.max_retries
+"""
+
 # A worker's registry, published: each pipeline's stages in the order they run.
 PUBLISH_STAGES = """
 INSERT INTO worker.task_stages (task, stages, cleanups)
