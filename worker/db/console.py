@@ -83,6 +83,7 @@ class JobContext:
     heartbeat_age: float | None
     stages: list[str] | None
     cleanups: list[str] | None
+    retry_limit: int | None  # the job's own, else its task's as published; None if unknown
 
 
 @dataclass(frozen=True)

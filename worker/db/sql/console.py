@@ -99,14 +99,16 @@ BULK_COUNT = {
 }
 
 # Read-only: what the job view adds to `GET /jobs/{id}`: the worker holding the job and how
-# long ago it beat, and the stages its task runs as the workers registered them.
+# long ago it beat, the stages its task runs as the workers registered them, and the retry
+# limit that applies to it (its own, else its task's as the workers published it).
 JOB_CONTEXT = """
 SELECT j.task, j.worker_id, w.hostname AS worker_host, w.pid AS worker_pid,
        extract(epoch FROM now() - w.heartbeat_at)::float8 AS heartbeat_age,
-       t.stages, t.cleanups
+       t.stages, t.cleanups, coalesce(j.max_retries, l.max_retries) AS retry_limit
 FROM worker.jobs AS j
 LEFT JOIN worker.workers AS w ON w.id = j.worker_id
 LEFT JOIN worker.task_stages AS t ON t.task = j.task
+LEFT JOIN worker.task_limits AS l ON l.task = j.task
 WHERE j.id = %(id)s
 """
 
