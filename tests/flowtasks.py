@@ -74,3 +74,15 @@ def gives_up_check(ctx: Any) -> None:
 def gives_up_cleanup(ctx: Any) -> str:
     record(ctx.job_id, "cleanup")
     return "released"
+
+
+# A pipeline with a retry limit of its own, which no job of it overrides unless enqueued so.
+retried_twice = Pipeline(
+    "retried_twice", max_retries=2, backoff=Backoff.constant(0.05, jitter=False)
+)
+
+
+@retried_twice.stage
+def retried_twice_work(ctx: Any) -> None:
+    record(ctx.job_id, "ran")
+    raise RuntimeError("still broken")

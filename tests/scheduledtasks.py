@@ -22,6 +22,6 @@ def new_year(payload: dict[str, Any]) -> None:
     return None
 
 
-@task(cron="30 2 * * mon-fri", tz="Europe/Paris")
+@task(cron="30 2 * * mon-fri", tz="Europe/Paris", queue="reports")
 def nightly(payload: dict[str, Any]) -> None:
     return None

@@ -204,6 +204,17 @@ def test_the_workers_publish_each_pipeline_s_stages_for_the_job_view(http, datab
     assert view["stages"] == ["fetch", "store"] and view["cleanups"] == ["tidy"]
 
 
+def test_the_job_view_gives_the_retry_limit_that_applies_to_the_job(http, database_url):
+    # As a worker registering `limited` with `max_retries=2` publishes it.
+    query(database_url, "INSERT INTO worker.task_limits (task, max_retries) VALUES ('limited', 2)")
+    by_task = insert_job(database_url, "limited")
+    own = insert_job(database_url, "limited", max_retries=0)
+    unknown = insert_job(database_url, "never_run")
+    assert http.get(f"/console/jobs/{by_task}").json()["retry_limit"] == 2
+    assert http.get(f"/console/jobs/{own}").json()["retry_limit"] == 0
+    assert http.get(f"/console/jobs/{unknown}").json()["retry_limit"] is None
+
+
 def test_the_rollup_counts_each_minute_once_however_often_it_runs(http, database_url):
     for _ in range(3):
         insert_job(database_url, "mail", status="completed", finished_at="sql:now()")

@@ -47,7 +47,8 @@ def test_concurrent_firings_of_one_tick_insert_one_job(database_url):
     tick = datetime(2026, 1, 1, 12, tzinfo=UTC)
 
     async def fire_together(driver: PostgresDriver, at: datetime) -> list[str | None]:
-        calls = [driver.fire_tick("t every 60s", "t", "every 60s", at) for _ in range(10)]
+        fire = driver.fire_tick
+        calls = [fire("t every 60s", "t", "every 60s", at, "default") for _ in range(10)]
         return await asyncio.gather(*calls)
 
     async def main() -> list[list[str | None]]:
@@ -188,12 +189,15 @@ def test_worker_schedule_lists_each_entry_with_its_next_run(env, database_url):
     assert entries["new_year"]["last_fired"] == "2026-01-01T00:00:00+00:00"
     assert entries["nightly"]["schedule"] == "30 2 * * mon-fri"
     assert entries["nightly"]["timezone"] == "Europe/Paris"
+    assert (entries["tick"]["queue"], entries["nightly"]["queue"]) == ("default", "reports")
     assert entries["nightly"]["next_run"].endswith(("02:30:00+01:00", "02:30:00+02:00"))
 
     text = listing()
     assert text.returncode == 0, text.stderr
     lines = text.stdout.splitlines()
-    assert lines[0].split() == ["task", "schedule", "timezone", "next", "run", "last", "fired"]
+    assert lines[0].split() == [
+        *("task", "schedule", "timezone", "queue", "next", "run", "last", "fired")
+    ]
     row = next(line for line in lines if line.startswith("new_year"))
     assert "2026-01-01 00:00:00+00:00" in row and f"{now.year + 1}-01-01 00:00:00" in row
     assert "never" in next(line for line in lines if line.startswith("tick"))
@@ -210,9 +214,27 @@ def test_worker_schedule_lists_each_entry_with_its_next_run(env, database_url):
     assert "unknown" in next(line for line in unreachable.stdout.splitlines() if "tick" in line)
 
 
+def test_periodic_jobs_go_to_their_schedules_queue_where_its_workers_run_them(
+    env, database_url, processes: Processes
+):
+    """A worker serving only `reports` runs the jobs of a schedule declared with
+    `queue="reports"`: none is left in `default`, which nothing there drains."""
+    proc = processes.worker({**env, "WORKER_QUEUES": "reports"}, "queuedschedules")
+
+    def reports_done() -> int:
+        statement = (
+            "SELECT count(*) FROM worker.jobs WHERE task = 'report' AND status = 'completed'"
+        )
+        return int(query(database_url, statement)[0][0])
+
+    wait_for(lambda: reports_done() >= 2, timeout=60, message="two periodic jobs run")
+    stop(processes, proc)
+    assert query(database_url, "SELECT DISTINCT queue FROM worker.jobs") == [("reports",)]
+
+
 def test_the_runner_role_may_fire_ticks_and_the_client_role_only_read_them(database_url):
     tick = datetime(2026, 1, 1, tzinfo=UTC)
-    params = {"key": "t every 1s", "task": "t", "spec": "every 1s", "tick": tick}
+    params = {"key": "t every 1s", "task": "t", "spec": "every 1s", "tick": tick, "queue": "q"}
     with psycopg.connect(database_url, autocommit=True) as conn:
         conn.execute("SET ROLE worker_runner")
         for at in (tick, tick + timedelta(seconds=1)):

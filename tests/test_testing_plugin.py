@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import textwrap
+import time
 
 import psycopg
 import pytest
+from support import query
 
 from worker import Client, JobStatus, Pipeline, Retry, task
 from worker.settings import get_settings
@@ -66,6 +68,32 @@ no_cleanup = Pipeline("plugin_no_cleanup")
 @no_cleanup.stage
 def plugin_only_stage(ctx):
     return 1
+
+
+@task(name="plugin_hourly", every=3600)
+def plugin_hourly(payload):
+    ran.append("hourly")
+
+
+@task(name="plugin_watches_schedules")
+def plugin_watches_schedules(payload):
+    """Whether a job of `plugin_hourly` appeared within `seconds` while this one ran."""
+    give_up = time.monotonic() + payload["seconds"]
+    while time.monotonic() < give_up:
+        if query(payload["url"], "SELECT FROM worker.jobs WHERE task = 'plugin_hourly'"):
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def overdue_schedule(url: str) -> None:
+    """`plugin_hourly`'s schedule as a worker left it two hours ago: a tick is due now."""
+    query(
+        url,
+        "INSERT INTO worker.schedules (key, task, spec, last_tick) "
+        "VALUES ('plugin_hourly every 3600s', 'plugin_hourly', 'every 3600s', "
+        "now() - interval '2 hours')",
+    )
 
 
 @pytest.fixture(autouse=True)
@@ -144,6 +172,29 @@ def test_drain_called_on_a_running_event_loop_and_its_async_twin_both_run_jobs(d
     sync_jobs, async_jobs = asyncio.run(from_async_code())
     assert [j.result for j in sync_jobs] == [2]
     assert [j.result for j in async_jobs] == [4]
+
+
+def test_drain_does_not_fire_the_periodic_tasks_of_the_test_process(database_url):
+    """`[done] = drain()` holds while a registered periodic task has a tick due: the job
+    watches, while it runs, for the job that tick would enqueue (which a worker firing its
+    schedules enqueues at its start)."""
+    overdue_schedule(database_url)
+    job = Client(database_url).enqueue(
+        "plugin_watches_schedules", {"url": database_url, "seconds": 1.0}
+    )
+    [done] = drain(url=database_url)
+    assert (done.job_id, done.result) == (job.job_id, False)
+    assert query(database_url, "SELECT count(*) FROM worker.jobs WHERE task = 'plugin_hourly'") == [
+        (0,)
+    ]
+    assert "hourly" not in ran
+
+
+def test_drain_with_schedules_fires_the_ticks_due_and_runs_their_jobs(database_url):
+    overdue_schedule(database_url)
+    [done] = drain(url=database_url, schedules=True)
+    assert (done.task, done.status) == ("plugin_hourly", JobStatus.COMPLETED)
+    assert ran == ["hourly"]
 
 
 # -- crash_after --------------------------------------------------------------------------

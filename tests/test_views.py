@@ -233,6 +233,7 @@ def test_admin_views_and_depth_counts_stay_on_indexes_with_millions_of_finished_
             "WHERE status = 'failed' AND finished_at > now() - interval '24 hours'",
         )[0][0],
     }
+    needed["failure_groups"] = needed["failed_recently"]
     indexes = {
         "queue_stats": {
             "jobs_runnable_idx",
@@ -243,6 +244,7 @@ def test_admin_views_and_depth_counts_stay_on_indexes_with_millions_of_finished_
         "stuck_jobs": {"jobs_processing_idx"},
         "slowest_tasks": {"jobs_finished_idx"},
         "failed_recently": {"jobs_failed_idx"},
+        "failure_groups": {"jobs_failed_idx"},
     }
     for view, bound in needed.items():
         nodes, elapsed_ms = jobs_scans(url, view)

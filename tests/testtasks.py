@@ -13,7 +13,7 @@ from typing import Any
 
 from support.recording import task_connection
 
-from worker import PauseForResolution, Pipeline, task
+from worker import Backoff, PauseForResolution, Pipeline, task
 
 
 def record(job: str, kind: str) -> None:
@@ -433,3 +433,28 @@ def two_cleanups_first(ctx: Any) -> str:
 def two_cleanups_second(ctx: Any) -> str:
     record(ctx.job_id, "second_tidy")
     return "tidied"
+
+
+# Its cleanup records what it is told becomes of the job (`ctx.ending`), as a cleanup that
+# keeps the state a retry needs reads it. Its stage fails with `mode` "fail", and with "hang"
+# runs until cancelled (or killed) in its first attempt.
+told = Pipeline("told_ending", backoff=Backoff.constant(0.05, jitter=False))
+
+
+@told.stage(name="told_work")
+def told_work(ctx: Any) -> str:
+    record(ctx.job_id, "work")
+    mode = ctx.payload.get("mode")
+    if mode == "fail":
+        raise RuntimeError("told_work fails on purpose")
+    if mode == "hang" and ctx.attempt == 1:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            ctx.raise_if_cancelled()
+            time.sleep(0.01)
+    return "worked"
+
+
+@told.cleanup(name="told_cleanup")
+def told_cleanup(ctx: Any) -> None:
+    record(ctx.job_id, f"cleanup {ctx.ending}")

@@ -30,7 +30,7 @@ from worker.client import (
     retry,
 )
 from worker.middleware import Middleware, add_middleware, remove_middleware
-from worker.models import JobStatus, Outcome, OutcomeKind, ProgressEvent
+from worker.models import JobEnding, JobStatus, Outcome, OutcomeKind, ProgressEvent
 from worker.retries import Backoff, Retry
 from worker.stages import ALL_DONE, ALL_SUCCESS, Pipeline, TriggerRule
 from worker.tasks import Context, JobCancelled, PauseForResolution, Task, task
@@ -47,6 +47,7 @@ __all__ = [
     "Job",
     "JobCancelled",
     "JobCancelledError",
+    "JobEnding",
     "JobError",
     "JobFailed",
     "JobNotFound",

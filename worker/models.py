@@ -111,6 +111,16 @@ class OutcomeKind(StrEnum):
     SNOOZED = "snoozed"  # pending again after a delay, not counted as a retry
 
 
+class JobEnding(StrEnum):
+    """What becomes of a pipeline's job after the attempt its cleanups (`ALL_DONE` stages)
+    run for, as known when they start: `ctx.ending`. A cleanup keeps what a retry needs."""
+
+    RETRY = "retry"  # another attempt follows
+    FAILED = "failed"  # no attempt follows: the job fails for good
+    COMPLETED = "completed"
+    CANCELLED = "cancelled"
+
+
 @dataclass
 class ClaimedJob:
     """A job as the claim returned it."""

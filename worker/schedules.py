@@ -1,14 +1,16 @@
 """Periodic tasks: when a task's jobs are due, and the registry of those schedules.
 
 `@task(cron="0 9 * * mon-fri", tz="Europe/Paris")` or `@task(every=30)` gives the task a
-`Schedule`, registered in `SCHEDULES`; every worker importing the task then enqueues its jobs
-at each tick (see `worker.daemon.plugins.scheduler`), and the database sees that each tick is
-enqueued once however many workers do so (`worker.db.sql.schedules`).
+`Schedule`, registered in `SCHEDULES`; every worker importing the task then enqueues its jobs,
+in the schedule's queue (`queue=`, else `default`), at each tick (see
+`worker.daemon.plugins.scheduler`), and the database sees that each tick is enqueued once
+however many workers do so (`worker.db.sql.schedules`).
 
 Ticks are moments every worker computes alike: a cron expression's times in its zone, or the
 multiples of `every` seconds since the Unix epoch (every=30 ticks at :00 and :30 of each
 minute). A schedule's `key`, its identity in `worker.schedules`, is the task's name and its
-spec: change the schedule and it is a new one.
+spec: change the schedule and it is a new one. The queue is not part of it: moving a schedule's
+jobs to another queue keeps its ticks, so no tick fires twice across that deploy.
 
 What this does not do: it enqueues nothing itself, and it does not remember what fired.
 """
@@ -19,6 +21,7 @@ import math
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
+from worker.client.validation import text_problem
 from worker.cron import Cron
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -33,6 +36,7 @@ class Schedule:
     task: str
     cron: Cron | None = None
     every: int | None = None  # microseconds, so that every worker computes the same ticks
+    queue: str = "default"  # where its jobs are enqueued
 
     @property
     def spec(self) -> str:
@@ -92,6 +96,7 @@ def schedule_for(
     cron: str | None = None,
     every: float | timedelta | None = None,
     tz: str | None = None,
+    queue: str | None = None,
 ) -> Schedule | None:
     """The task's schedule from `@task`'s options, or None; a `ValueError` names a bad one.
 
@@ -99,16 +104,25 @@ def schedule_for(
     'report cron 0 9 * * * Europe/Paris'
     >>> schedule_for("ping", every=timedelta(minutes=5)).key
     'ping every 300s'
+    >>> schedule_for("report", cron="0 9 * * *", queue="reports").queue
+    'reports'
     """
     if cron is not None and every is not None:
         raise ValueError("cron, every: give one schedule, not both")
     if tz is not None and cron is None:
         raise ValueError("tz: applies to a cron schedule only")
+    if queue is not None and cron is None and every is None:
+        raise ValueError("queue: applies to a periodic task only (with cron= or every=)")
+    if queue is not None and (
+        not isinstance(queue, str) or not 1 <= len(queue) <= 255 or text_problem(queue)
+    ):
+        raise ValueError(f"queue: expected a name of 1 to 255 characters, not {queue!r}")
+    where = "default" if queue is None else queue
     if cron is not None:
         if not isinstance(cron, str):
             raise ValueError(f"cron: expected the expression as text, not {cron!r}")
         try:
-            return Schedule(task, cron=Cron.parse(cron, "UTC" if tz is None else tz))
+            return Schedule(task, cron=Cron.parse(cron, "UTC" if tz is None else tz), queue=where)
         except ValueError as exc:
             option = "tz" if str(exc).startswith("unknown time zone") else "cron"
             raise ValueError(f"{option}: {exc}") from None
@@ -122,7 +136,7 @@ def schedule_for(
         raise ValueError(
             f"every: must be a positive number of seconds, at most a century, not {every!r}"
         )
-    return Schedule(task, every=micros)
+    return Schedule(task, every=micros, queue=where)
 
 
 SCHEDULES: dict[str, Schedule] = {}  # by task name: a task has one schedule at most

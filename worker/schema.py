@@ -227,3 +227,13 @@ task_stages = Table(
     Column("cleanups", ARRAY(Text), nullable=False),
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
 )
+
+# Per task a worker registered, the retry limit its claim applies to the task's jobs that set
+# none of their own (migration 0013), as the workers know: what `worker show` reports.
+task_limits = Table(
+    "task_limits",
+    metadata,
+    Column("task", Text, primary_key=True),
+    Column("max_retries", Integer, nullable=False),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
+)

@@ -27,7 +27,15 @@ from worker.attempt import Executable, Runtime, abandoned_here, call, settled_be
 from worker.client.errors import InvalidJob
 from worker.client.validation import JobSpec
 from worker.encoding import dumps
-from worker.models import JSON, ClaimedJob, EventStatus, Outcome, OutcomeKind, ProgressEvent
+from worker.models import (
+    JSON,
+    ClaimedJob,
+    EventStatus,
+    JobEnding,
+    Outcome,
+    OutcomeKind,
+    ProgressEvent,
+)
 from worker.retries import DEFAULT_RULES, Backoff, RetryRules, rules
 from worker.schedules import register_schedule, schedule_for
 
@@ -98,6 +106,9 @@ class Context:
     outputs: dict[str, JSON] = field(default_factory=dict)
     step: str = ""
     deadline: float | None = None  # time.monotonic() by which the job must finish
+    # In a pipeline's cleanup: what becomes of the job after the attempt it cleans up after.
+    # None elsewhere.
+    ending: JobEnding | None = None
 
     @property
     def job_id(self) -> str:
@@ -330,6 +341,7 @@ def task(
     cron: str | None = None,
     every: float | timedelta | None = None,
     tz: str | None = None,
+    queue: str | None = None,
 ) -> _Decorator: ...
 
 
@@ -347,6 +359,7 @@ def task(
     cron: str | None = None,
     every: float | timedelta | None = None,
     tz: str | None = None,
+    queue: str | None = None,
 ) -> Any:
     """Register a function as a task; the worker runs it for jobs naming it. Returns its
     `Task`, callable as the function was, with `enqueue` and `enqueue_async`.
@@ -356,7 +369,8 @@ def task(
     how many jobs sharing a key may run at once, across all workers.
 
     With `cron` (in zone `tz`, UTC by default) or `every` (seconds, or a timedelta), the
-    workers also enqueue it with an empty payload at each tick (see `worker.schedules`).
+    workers also enqueue it with an empty payload at each tick (see `worker.schedules`), in
+    the queue `queue` (`default` if not given).
 
     >>> @task
     ... def add(payload):
@@ -383,7 +397,7 @@ def task(
             for p in inspect.signature(f).parameters.values()
             if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
         ]
-        schedule = schedule_for(name or f.__name__, cron=cron, every=every, tz=tz)
+        schedule = schedule_for(name or f.__name__, cron=cron, every=every, tz=tz, queue=queue)
         entry: Task[Any, Any] = Task(
             name=name or f.__name__,
             fn=f,

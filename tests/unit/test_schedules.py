@@ -83,6 +83,9 @@ def test_a_task_with_a_schedule_is_registered_with_it(task_name: str) -> None:
         ({"cron": 5}, "cron: expected the expression as text"),
         ({"cron": "* * * * *", "tz": "Mars/Olympus"}, "tz: unknown time zone 'Mars/Olympus'"),
         ({"every": 5, "tz": "Europe/Paris"}, "tz: applies to a cron schedule only"),
+        ({"queue": "reports"}, "queue: applies to a periodic task only"),
+        ({"every": 5, "queue": ""}, "queue: expected a name of 1 to 255 characters, not ''"),
+        ({"every": 5, "queue": 7}, "queue: expected a name of 1 to 255 characters, not 7"),
     ],
 )
 def test_bad_schedule_options_are_refused_when_decorating_naming_the_option(
@@ -129,6 +132,12 @@ def test_a_changed_schedule_is_a_new_key() -> None:
         "t cron 0 9 * * * UTC",
         "t cron 0 9 * * * Europe/Paris",
     }
+
+
+def test_moving_a_schedules_jobs_to_another_queue_keeps_its_key_and_so_its_ticks() -> None:
+    moved = schedule_for("t", every=30, queue="reports")
+    assert moved is not None and moved.queue == "reports"
+    assert moved.key == "t every 30s"
 
 
 def test_two_schedulers_fire_each_tick_once_and_a_new_schedule_from_its_next_tick() -> None:
@@ -246,7 +255,9 @@ def test_a_refused_firing_is_logged_and_the_worker_goes_on(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     class NoTable(MemoryDriver):
-        async def fire_tick(self, key: str, task: str, spec: str, tick: datetime) -> str | None:
+        async def fire_tick(
+            self, key: str, task: str, spec: str, tick: datetime, queue: str
+        ) -> str | None:
             raise psycopg.errors.UndefinedTable('relation "worker.schedules" does not exist')
 
     async def main() -> bool:

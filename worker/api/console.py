@@ -153,7 +153,13 @@ class Console:
                 heartbeat_age=found.heartbeat_age,
             )
         return json_response(
-            JobViewOut(worker=holder, stages=found.stages, cleanups=found.cleanups, now=now)
+            JobViewOut(
+                worker=holder,
+                stages=found.stages,
+                cleanups=found.cleanups,
+                retry_limit=found.retry_limit,
+                now=now,
+            )
         )
 
     async def bulk_route(self, request: Request) -> Response:

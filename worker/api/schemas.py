@@ -399,6 +399,11 @@ class JobViewOut(BaseModel):
     worker: HolderOut | None
     stages: list[str] | None
     cleanups: list[str] | None
+    retry_limit: int | None = Field(
+        default=None,
+        description="Retries the job may make: its own limit, else its task's as the workers "
+        "published it; null if no worker of its task has started.",
+    )
     now: datetime
 
 

@@ -1,9 +1,10 @@
 """The `worker` program: the daemon, migrations, and the operator's verbs.
 
 Errors are one red line and exit code 1 (bad settings and usage: 2), never a traceback.
-Each command group lives in a module of its own (`run`, `schedule`, `jobs`, `status`,
-`queues`, `maintenance`, `serve`); this module registers them, in the order `worker --help`
-lists them, and runs the program. What this does not do: no command's work is done here.
+Each command group lives in a module of its own (`run`, `schedule`, `jobs`, `failures`,
+`status`, `queues`, `maintenance`, `serve`); this module registers them, in the order
+`worker --help` lists them, and runs the program. What this does not do: no command's work
+is done here.
 """
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ import sys
 import typer
 from rich.markup import escape
 
+from worker.cli import failures, maintenance, queues, serve, status
 from worker.cli import jobs as job_commands
-from worker.cli import maintenance, queues, serve, status
 from worker.cli import run as run_command
 from worker.cli import schedule as schedule_command
 from worker.cli.errors import CliError, fail, friendly
@@ -42,6 +43,7 @@ for command in (
     job_commands.retry,
     job_commands.show,
     job_commands.jobs,
+    failures.failures,
     status.stats,
     status.workers,
     queues.queues,

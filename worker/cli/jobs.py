@@ -182,8 +182,13 @@ def show(
     """
     job = client().get(job_id)
     recent = ask(lambda conn: admin.last_events(conn, job_id, events))
+    # The limit the claim applies (`sql.CLAIM`): the job's own, else its task's as its workers
+    # published it (the CLI cannot import the task's code), else WORKER_MAX_RETRIES here.
+    known = ask(lambda conn: admin.retry_limit(conn, job_id))
+    limit = known if known is not None else settings().max_retries
     if as_json:
         data = {k: v for k, v in job.__dict__.items() if k != "client"}
+        data["retry_limit"] = limit
         data["events"] = [asdict(e) for e in recent]
         emit_json(data)
         return
@@ -192,7 +197,6 @@ def show(
         table.add_row(name, str(getattr(job, name)))
     table.add_row("status", styled(job.status))
     table.add_row("priority", str(job.priority))
-    limit = job.max_retries if job.max_retries is not None else settings().max_retries
     table.add_row("retries", f"{job.retry_count} of {limit}")
     for name in ("created_at", "run_at", "started_at", "finished_at"):
         moment = getattr(job, name)

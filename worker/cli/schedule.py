@@ -1,8 +1,9 @@
 """`worker schedule`: the periodic tasks of some task modules, when each runs next and last.
 
 It imports the modules as `worker run` does and lists each schedule: its task, its cron
-expression or interval, its time zone, its next run, and from `worker.schedules` (when the
-database answers) the last tick it fired and how many jobs it enqueued. What this does not
+expression or interval, its time zone, the queue its jobs go to, its next run, and from
+`worker.schedules` (when the database answers) the last tick it fired and how many jobs it
+enqueued. What this does not
 do: it enqueues nothing and changes no row; an old schedule's row is deleted with SQL (see
 docs/scheduling.md, "Periodic jobs").
 """
@@ -76,7 +77,7 @@ def schedule(
         emit_json(entries)
         return
     table = Table(
-        *("task", "schedule", "timezone", "next run", "last fired"),
+        *("task", "schedule", "timezone", "queue", "next run", "last fired"),
         box=None,
         pad_edge=False,
         header_style="bold",
@@ -87,6 +88,7 @@ def schedule(
             entry["task"],
             entry["schedule"],
             entry["timezone"],
+            entry["queue"],
             _when(entry["next_run"]),
             "unknown" if rows is None else "never" if last is None else _when(last),
         )
@@ -100,6 +102,7 @@ def _entry(s: Schedule, now: datetime, rows: dict[str, ScheduleRow] | None) -> d
         "key": s.key,
         "schedule": s.description,
         "timezone": s.timezone,
+        "queue": s.queue,
         "next_run": s.next_after(now),
         "last_fired": row.last_tick if row is not None and row.fired else None,
         "fired": None if rows is None else row.fired if row is not None else 0,

@@ -35,7 +35,7 @@ from worker.daemon.db import Patience
 from worker.daemon.executor import Executor
 from worker.daemon.local_queue import LocalQueue, claim_spec
 from worker.daemon.plugins import Heartbeat, Plugin, Rescuer, Retention, Scheduler
-from worker.daemon.plugins.rollup import Rollup
+from worker.daemon.plugins.rollup import Rollup, task_limits
 from worker.daemon.stage_store import DaemonStageStore
 from worker.db.driver import Closable, Driver, RecordedOutcome, Registration
 from worker.db.errors import TRANSIENT, describe
@@ -77,6 +77,7 @@ class Worker:
         bus: ProgressBus | None = None,
         driver: Driver | None = None,
         middleware: Sequence[object] = MIDDLEWARE,
+        schedules: bool = True,
     ) -> None:
         self.url = url
         self.settings = settings
@@ -90,6 +91,10 @@ class Worker:
         self._patience = Patience(self._stop.is_set, self.driver.confirm_reachable)
         self.store = DaemonStageStore(self.driver, self._patience, self.id)
         self.processed = 0
+        # Whether it fires the periodic tasks of its registry (`worker.testing.drain` turns
+        # that off), and, set once its scheduler first fired what was due (or it has none).
+        self.schedules = schedules
+        self.ticks_fired = asyncio.Event()
         self._completer = Completer(
             self.driver, self.id, settings, self._patience, self.bus.publish, self._recorded
         )
@@ -166,10 +171,13 @@ class Worker:
         ]
         if self.settings.retention_enabled:
             plugins.append(Retention(self.driver, self.settings))
-        plugins.append(Rollup(self.driver, self.registry))
+        limits = task_limits(self.registry, self.settings.max_retries)
+        plugins.append(Rollup(self.driver, self.registry, limits=limits))
         schedules = [s for s in SCHEDULES.values() if s.task in self.registry]
-        if schedules:
-            plugins.append(Scheduler(self.driver, schedules))
+        if schedules and self.schedules:
+            plugins.append(Scheduler(self.driver, schedules, fired=self.ticks_fired))
+        else:
+            self.ticks_fired.set()
         duties = [
             asyncio.create_task(self._completer.run(), name="completer"),
             asyncio.create_task(self.store.run(), name="stage writes"),

@@ -107,6 +107,20 @@ class JobFilter:
 
 
 @dataclass(frozen=True)
+class FailureGroup:
+    """Failed jobs of one task sharing an error type and a message with its figures masked
+    (`worker.job_failures`): how many, when first and last, and the latest of them."""
+
+    task: str
+    error_type: str | None  # None: the error names no exception type (a lost worker, ...)
+    message: str
+    failures: int
+    first_seen: datetime
+    last_seen: datetime
+    example_job_id: UUID
+
+
+@dataclass(frozen=True)
 class EventRow:
     """One progress event of a job."""
 
@@ -215,6 +229,22 @@ async def find_jobs(conn: Conn, where: JobFilter, *, limit: int, offset: int = 0
         "offset": offset,
     }
     return await _rows(conn, JobRow, sql.FIND_JOBS, params)
+
+
+async def failure_groups(
+    conn: Conn, since: float, task: str | None = None, limit: int = 50
+) -> list[FailureGroup]:
+    """The failures of the last `since` seconds (of `task` alone, if given), grouped, most
+    frequent first: at most `limit` groups."""
+    params = {"since": since, "task": task, "limit": limit}
+    return await _rows(conn, FailureGroup, sql.FAILURE_GROUPS, params)
+
+
+async def retry_limit(conn: Conn, job_id: str) -> int | None:
+    """The retry limit that applies to the job: its own, else its task's as its workers
+    published it; None if neither is known (no worker of its task has started)."""
+    row = await (await conn.execute(sql.RETRY_LIMIT, {"id": job_id})).fetchone()
+    return None if row is None or row[0] is None else int(row[0])
 
 
 async def job_status(conn: Conn, job_id: str) -> JobStatus | None:

@@ -9,6 +9,7 @@ client for each job).
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -82,6 +83,7 @@ class JobContext:
     heartbeat_age: float | None
     stages: list[str] | None
     cleanups: list[str] | None
+    retry_limit: int | None  # the job's own, else its task's as published; None if unknown
 
 
 @dataclass(frozen=True)
@@ -190,6 +192,12 @@ async def roll_up(conn: Conn) -> bool:
         await conn.execute(sql.SAMPLE_DEPTH)
         await conn.execute(sql.PRUNE_ROLLUPS)
     return True
+
+
+async def publish_limits(conn: Conn, limits: Mapping[str, int]) -> None:
+    """Record the retry limit each task's jobs get when they set none of their own."""
+    if limits:
+        await conn.execute(sql.PUBLISH_LIMITS, {"limits": Jsonb(dict(limits))})
 
 
 async def publish_stages(conn: Conn, plans: StagePlans) -> None:

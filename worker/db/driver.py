@@ -244,13 +244,18 @@ class Driver(Protocol):
 
     # -- periodic tasks ---------------------------------------------------------------------
 
-    async def fire_tick(self, key: str, task: str, spec: str, tick: datetime) -> str | None:
-        """Enqueue the job of schedule `key`'s `tick` unless its row has a tick as late: the
-        new job's id, or None (another worker fired it, or the schedule is new: its row is
-        created at `tick`, with no job)."""
+    async def fire_tick(
+        self, key: str, task: str, spec: str, tick: datetime, queue: str
+    ) -> str | None:
+        """Enqueue the job of schedule `key`'s `tick`, in `queue`, unless its row has a tick
+        as late: the new job's id, or None (another worker fired it, or the schedule is new:
+        its row is created at `tick`, with no job)."""
 
     async def publish_stage_plans(self, plans: StagePlans) -> None:
         """Record each pipeline's stages and cleanups, for the console."""
+
+    async def publish_task_limits(self, limits: Mapping[str, int]) -> None:
+        """Record the retry limit each task's jobs get when they set none, for `worker show`."""
 
     async def roll_up(self) -> bool:
         """Count the recent outcomes and sample each queue's depth for the console's charts;

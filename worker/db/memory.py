@@ -28,7 +28,7 @@ import itertools
 import json
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
@@ -121,6 +121,7 @@ class MemoryDriver:
         self.locked: set[str] = set()  # rows another client holds locked
         self.schedules: dict[str, datetime] = {}  # a schedule's key: its latest tick taken
         self.stage_plans: StagePlans = {}
+        self.task_limits: dict[str, int] = {}
         self.rollups = 0  # rollups taken: the memory driver keeps no charts, only their count
         self.unreachable = False
         self.claims = 0  # claim statements answered, for tests of the claim loop
@@ -418,7 +419,9 @@ class MemoryDriver:
         self.events = [e for e in self.events if e.job_id not in doomed]
         return len(doomed)
 
-    async def fire_tick(self, key: str, task: str, spec: str, tick: datetime) -> str | None:
+    async def fire_tick(
+        self, key: str, task: str, spec: str, tick: datetime, queue: str
+    ) -> str | None:
         self._reachable()
         last = self.schedules.get(key)
         if last is not None and last >= tick:
@@ -426,13 +429,17 @@ class MemoryDriver:
         self.schedules[key] = tick
         if last is None:
             return None  # first sight: the schedule fires from its next tick
-        job_id = self.enqueue(task)
+        job_id = self.enqueue(task, queue=queue)
         self.jobs[job_id].run_at = time.monotonic() + (tick - datetime.now(UTC)).total_seconds()
         return job_id
 
     async def publish_stage_plans(self, plans: StagePlans) -> None:
         self._reachable()
         self.stage_plans = {**self.stage_plans, **plans}
+
+    async def publish_task_limits(self, limits: Mapping[str, int]) -> None:
+        self._reachable()
+        self.task_limits = {**self.task_limits, **limits}
 
     async def roll_up(self) -> bool:
         self._reachable()

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import secrets
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 from uuid import UUID
@@ -398,14 +398,20 @@ class PostgresDriver:
 
     # -- periodic tasks ---------------------------------------------------------------------
 
-    async def fire_tick(self, key: str, task: str, spec: str, tick: datetime) -> str | None:
-        params = {"key": key, "task": task, "spec": spec, "tick": tick}
+    async def fire_tick(
+        self, key: str, task: str, spec: str, tick: datetime, queue: str
+    ) -> str | None:
+        params = {"key": key, "task": task, "spec": spec, "tick": tick, "queue": queue}
         rows = await fetch(self.pool, sql.FIRE_TICK, params)
         return str(rows[0][0]) if rows else None
 
     async def publish_stage_plans(self, plans: StagePlans) -> None:
         async with self.pool.connection() as conn:
             await console.publish_stages(conn, plans)
+
+    async def publish_task_limits(self, limits: Mapping[str, int]) -> None:
+        async with self.pool.connection() as conn:
+            await console.publish_limits(conn, limits)
 
     async def roll_up(self) -> bool:
         async with self.pool.connection() as conn:

@@ -6,7 +6,7 @@ each run of a stage ended is decided in `worker.stages.endings`. `worker.stages.
 stage state in a dict, to test a pipeline without a database.
 """
 
-from worker.models import StageRow
+from worker.models import JobEnding, StageRow
 from worker.stages.endings import StageDeadlineExceeded
 from worker.stages.memory import MemoryRuntime, MemoryStageStore, run_attempt
 from worker.stages.pipeline import Pipeline
@@ -16,6 +16,7 @@ from worker.stages.store import StageStore
 __all__ = [
     "ALL_DONE",
     "ALL_SUCCESS",
+    "JobEnding",
     "MemoryRuntime",
     "MemoryStageStore",
     "Pipeline",

@@ -3,7 +3,8 @@
 `invoke` runs a stage's function, holding it to the stage's own deadline (counted from the
 stage's first start, snoozes included). `Ended` says how the run ended (`Ending`), and
 `ENDINGS` is the one table of what each ending writes to the stage's row, which event reports
-it, and how the attempt ends. What it does not do: write or publish anything (the runner does,
+it, and how the attempt ends. `ending_of` says what becomes of the job after an attempt, as its
+cleanups are told (`JobEnding`). What it does not do: write or publish anything (the runner does,
 `worker.stages.runner`), or decide what runs next.
 """
 
@@ -17,7 +18,15 @@ from typing import TYPE_CHECKING, Any
 
 from worker.attempt import call
 from worker.encoding import NotStorable
-from worker.models import JSON, EventStatus, OutcomeKind, StageStatus
+from worker.models import (
+    JSON,
+    ClaimedJob,
+    EventStatus,
+    JobEnding,
+    Outcome,
+    OutcomeKind,
+    StageStatus,
+)
 from worker.retries import DEFAULT_RULES, RetryRules
 from worker.tasks import Context, JobCancelled, PauseForResolution, Snooze
 from worker.tracing import stage_span
@@ -186,3 +195,38 @@ def stage_error(stage: str, exc: BaseException) -> str:
 def traceback_text(exc: BaseException) -> str:
     """The traceback of `exc`, up to twenty frames."""
     return "".join(traceback.format_exception(exc, limit=20))
+
+
+# -- how the job ends -----------------------------------------------------------------------
+
+
+def fails_for_good(job: ClaimedJob, outcome: Outcome) -> bool:
+    """True if this outcome ends the job failed: no retry follows it."""
+    return outcome.kind == OutcomeKind.FAILED or (
+        outcome.kind == OutcomeKind.RETRY and job.retry_count >= job.max_retries
+    )
+
+
+def ending_of(job: ClaimedJob, outcome: Outcome, cancelled: bool) -> JobEnding:
+    """What becomes of the job after an attempt that ends with `outcome`: a retry that meets a
+    cancel request is settled cancelled by the next claim (`sql.RECORD_OUTCOMES`)."""
+    if outcome.kind == OutcomeKind.COMPLETED:
+        return JobEnding.COMPLETED
+    if outcome.kind == OutcomeKind.CANCELLED:
+        return JobEnding.CANCELLED
+    if fails_for_good(job, outcome):
+        return JobEnding.FAILED
+    return JobEnding.CANCELLED if cancelled else JobEnding.RETRY
+
+
+def with_cleanup_errors(outcome: Outcome, errors: list[str]) -> Outcome:
+    """The outcome of an attempt whose cleanups failed with `errors`."""
+    if not errors:
+        return outcome
+    note = "; ".join(errors)
+    if outcome.kind == OutcomeKind.COMPLETED:
+        # Every stage is done, so the retry runs the cleanups only.
+        return Outcome(OutcomeKind.RETRY, error=f"cleanup failed: {note}")
+    # The original error stays first: it is what went wrong; the cleanup comes after.
+    outcome.error = f"{outcome.error}\n(cleanup also failed: {note})"
+    return outcome

@@ -18,6 +18,10 @@ the next one:
 - CONCLUDING: the job's result, then CLEANING_UP.
 - CLEANING_UP: run the `ALL_DONE` stages, then FINISHING (the job's own event), then FINISHED.
 
+Every cleanup is told, in `ctx.ending` (`JobEnding`), what becomes of the job after the attempt
+it cleans up after: an owed one run before a new attempt is told RETRY, and one run as the job
+settles is told how it settles.
+
 How a stage ended (`Ending`) decides, in one table (`ENDINGS`), what is written to its row,
 which event reports it and when, and the `Outcome` the daemon gets. A completed stage is the
 exception: its end is written with the next write (the next stage's start, the first cleanup's
@@ -38,8 +42,8 @@ from worker.attempt import Runtime, settled_before_start
 from worker.encoding import NotStorable, dumps
 from worker.models import (
     JSON,
-    ClaimedJob,
     EventStatus,
+    JobEnding,
     Outcome,
     OutcomeKind,
     StageEnd,
@@ -47,7 +51,17 @@ from worker.models import (
     StageRow,
     StageStatus,
 )
-from worker.stages.endings import ENDINGS, Ended, Ending, invoke, short_error, traceback_text
+from worker.stages.endings import (
+    ENDINGS,
+    Ended,
+    Ending,
+    ending_of,
+    fails_for_good,
+    invoke,
+    short_error,
+    traceback_text,
+    with_cleanup_errors,
+)
 from worker.stages.store import OPEN, StageStore
 from worker.tasks import Context
 
@@ -91,26 +105,6 @@ _JOB_ENDS: dict[OutcomeKind, EventStatus] = {
     OutcomeKind.COMPLETED: "completed",
     OutcomeKind.CANCELLED: "cancelled",
 }
-
-
-def fails_for_good(job: ClaimedJob, outcome: Outcome) -> bool:
-    """True if this outcome ends the job failed: no retry follows it."""
-    return outcome.kind == OutcomeKind.FAILED or (
-        outcome.kind == OutcomeKind.RETRY and job.retry_count >= job.max_retries
-    )
-
-
-def with_cleanup_errors(outcome: Outcome, errors: list[str]) -> Outcome:
-    """The outcome of an attempt whose cleanups failed with `errors`."""
-    if not errors:
-        return outcome
-    note = "; ".join(errors)
-    if outcome.kind == OutcomeKind.COMPLETED:
-        # Every stage is done, so the retry runs the cleanups only.
-        return Outcome(OutcomeKind.RETRY, error=f"cleanup failed: {note}")
-    # The original error stays first: it is what went wrong; the cleanup comes after.
-    outcome.error = f"{outcome.error}\n(cleanup also failed: {note})"
-    return outcome
 
 
 async def execute(pipeline: StageList, ctx: Context) -> Outcome:
@@ -208,7 +202,8 @@ class PipelineRun:
         for row in self._open_stage_rows():
             await self._close_row(row, closing, settled.error, None)
         if self.unclean is not None:
-            errors = await self._run_cleanups(self.unclean)
+            ending = ending_of(self.job, settled, self.ctx.cancelled)
+            errors = await self._run_cleanups(self.unclean, ending)
             self.outcome = with_cleanup_errors(settled, errors)
         return Phase.FINISHING
 
@@ -216,7 +211,9 @@ class PipelineRun:
         # The attempt that ran these stages is over (its worker was lost) and never cleaned up
         # after itself: do it now, before this attempt starts.
         assert self.unclean is not None  # the phase is entered only then
-        self.owed_errors = await self._run_cleanups(self.unclean)
+        # This attempt is the retry, unless a cancel came first (then `_start` ends it).
+        ending = JobEnding.CANCELLED if self.ctx.cancelled else JobEnding.RETRY
+        self.owed_errors = await self._run_cleanups(self.unclean, ending)
         return Phase.STARTING
 
     async def _start(self) -> Phase:
@@ -318,7 +315,8 @@ class PipelineRun:
         return Phase.CLEANING_UP
 
     async def _clean_up(self) -> Phase:
-        errors = await self._run_cleanups(self.job.attempt, after=self.outcome)
+        ending = ending_of(self.job, self.outcome, self.ctx.cancelled)
+        errors = await self._run_cleanups(self.job.attempt, ending, after=self.outcome)
         self.outcome = with_cleanup_errors(self.outcome, errors)
         return Phase.FINISHING
 
@@ -406,10 +404,12 @@ class PipelineRun:
 
     # -- cleanups ----------------------------------------------------------------------------
 
-    async def _run_cleanups(self, attempt: int, after: Outcome | None = None) -> list[str]:
-        """Run the cleanups owed by `attempt`; return their errors. A stage end the outcome
-        `after` carries is recorded with the first one's start (before it runs), not left for
-        the job's outcome."""
+    async def _run_cleanups(
+        self, attempt: int, ending: JobEnding, after: Outcome | None = None
+    ) -> list[str]:
+        """Run the cleanups owed by `attempt`, telling them `ending`; return their errors. A
+        stage end the outcome `after` carries is recorded with the first one's start (before it
+        runs), not left for the job's outcome."""
         ctx, cleanups = self.ctx, self.pipeline.cleanups
         end, reported = None, []
         if after is not None and cleanups:
@@ -420,6 +420,7 @@ class PipelineRun:
         errors = []
         # Cleanups are not bound by the job's timeout: they must run even after it passed.
         job_deadline, ctx.deadline = ctx.deadline, None
+        ctx.ending = ending
         try:
             for i, stage in enumerate(cleanups):
                 # From the first one's start, those not run yet are known (`waiting`).
@@ -435,6 +436,7 @@ class PipelineRun:
                     errors.append(error)
         finally:
             ctx.deadline = job_deadline
+            ctx.ending = None
         return errors
 
     async def _start_cleanup(

@@ -13,9 +13,12 @@ statement (`sql.RESCUE`) takes its jobs back, counting the attempt, and the atte
 cancelled before it writes anything more. The next `drain` runs what a recovering worker runs:
 the cleanup the lost attempt owed, then the rest of the job.
 
+Periodic tasks are not fired unless asked for (`schedules=True`): a test's registered task
+with a `cron` or `every` would otherwise add its jobs to what a drain returns whenever a tick
+comes. Asked for, the ticks due when the drain starts are fired before it looks for work.
+
 What this does not do: it does not stop the threads of sync code still running when a drain
-times out or crashes (Python cannot), it does not fire periodic schedules on purpose (the
-worker's scheduler runs as in `worker run`), and it does not wait for jobs of other workers.
+times out or crashes (Python cannot), and it does not wait for jobs of other workers.
 """
 
 from __future__ import annotations
@@ -110,8 +113,10 @@ class _CrashingStore(DaemonStageStore):
 class _DrainWorker(Worker):
     """The daemon's worker, noting the jobs whose outcomes it writes, and able to crash."""
 
-    def __init__(self, url: str, settings: Settings, crash_after: str | None) -> None:
-        super().__init__(url, settings)
+    def __init__(
+        self, url: str, settings: Settings, crash_after: str | None, schedules: bool
+    ) -> None:
+        super().__init__(url, settings, schedules=schedules)
         self.ran: dict[str, None] = {}  # job ids, in the order of their last outcome write
         self.crashed: str | None = None
         self.crash_done = asyncio.Event()
@@ -148,7 +153,11 @@ async def _left(conn: AsyncConnection[Any], queues: list[str], worker_id: UUID) 
 
 
 async def drain_ids(
-    timeout: float, url: str | None, queues: Iterable[str] | None, crash_after: str | None
+    timeout: float,
+    url: str | None,
+    queues: Iterable[str] | None,
+    crash_after: str | None,
+    schedules: bool = False,
 ) -> list[str]:
     """Run the worker until nothing due is left (or its crash); the ids of the jobs it ran."""
     settings = get_settings()
@@ -164,7 +173,7 @@ async def drain_ids(
         check_crash_point(crash_after, REGISTRY)
         update["concurrency"] = 1  # the crash then loses that job's attempt alone
     settings = settings.model_copy(update=update)
-    worker = _DrainWorker(target, settings, crash_after)
+    worker = _DrainWorker(target, settings, crash_after, schedules)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     running = asyncio.create_task(worker.run(), name="drain")
@@ -172,7 +181,8 @@ async def drain_ids(
         async with await aconnect(target, "durable-worker-drain") as conn:
             while not running.done() and not worker.crash_done.is_set():
                 left = await _left(conn, settings.queues, worker.id)
-                if not left.due and not left.held:
+                # With schedules, the jobs of the ticks due at the start count as work too.
+                if not left.due and not left.held and worker.ticks_fired.is_set():
                     break
                 if loop.time() >= deadline:
                     raise TimeoutError(f"drain: {left} after {timeout} s")
@@ -191,12 +201,13 @@ async def drain_async(
     url: str | None = None,
     queues: Iterable[str] | None = None,
     crash_after: str | None = None,
+    schedules: bool = False,
 ) -> list[Job]:
     """The async `drain`, for tests that run on an event loop.
 
     >>> jobs = await drain_async()               # doctest: +SKIP
     """
-    ids = await drain_ids(timeout, url, queues, crash_after)
+    ids = await drain_ids(timeout, url, queues, crash_after, schedules)
     client = AsyncClient(url)
     try:
         jobs = []
@@ -216,6 +227,7 @@ def drain(
     url: str | None = None,
     queues: Iterable[str] | None = None,
     crash_after: str | None = None,
+    schedules: bool = False,
 ) -> list[Job]:
     """Run every due job of `queues` in this process until none is left; their final handles.
 
@@ -224,14 +236,17 @@ def drain(
     database is `url`, else `DATABASE_URL` (which `worker_database` sets); the queues are
     `queues`, else `WORKER_QUEUES`. Raises `TimeoutError` saying how many jobs are left if
     they are not done within `timeout` seconds, and `NoCrash` if `crash_after` names a stage
-    no job completed. Called on a running event loop, it runs its own in a thread.
+    no job completed. Periodic tasks fire only with `schedules=True` (their ticks due at the
+    start first). Called on a running event loop, it runs its own in a thread.
 
     >>> job = enqueue("resize", {"image": "cat.png"})   # doctest: +SKIP
     >>> [done] = drain()                                # doctest: +SKIP
     >>> done.result                                     # doctest: +SKIP
     {'thumbnail': 'cat.png.thumb.webp'}
     """
-    jobs = _run(drain_async(timeout, url=url, queues=queues, crash_after=crash_after))
+    jobs = _run(
+        drain_async(timeout, url=url, queues=queues, crash_after=crash_after, schedules=schedules)
+    )
     client = Client(url) if url else default_client()
     for job in jobs:
         job.client = client  # read again, waited on and cancelled without an event loop

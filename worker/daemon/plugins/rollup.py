@@ -4,8 +4,9 @@ Every `INTERVAL` seconds (jittered) one worker of the fleet counts the recent ou
 from the rows and samples the depth of every queue into `worker.job_rollups` (see
 `worker.db.sql.console`); the others find its turn taken and skip. At start it publishes its
 registry's pipelines and their stages to `worker.task_stages`, so the console lists the
-stages a job has yet to run. A failure is logged and tried again next time; on a database
-without the rollup's migration, that is said once.
+stages a job has yet to run, and each task's retry limit to `worker.task_limits`, so
+`worker show` gives the limit a job gets. A failure is logged and tried again next time; on
+a database without the rollup's migrations, that is said once.
 
 What this does not do: it reads no history past the minutes it rolls up, and it changes no job.
 """
@@ -43,16 +44,31 @@ def stage_plans(registry: Mapping[str, Executable]) -> StagePlans:
     }
 
 
+def task_limits(registry: Mapping[str, Executable], default: int) -> dict[str, int]:
+    """The retry limit the claim applies to each task's jobs that set none of their own: the
+    task's (or pipeline's) `max_retries`, else the worker's `default` (`sql.CLAIM` reads the
+    same)."""
+    return {
+        name: default if entry.retries.max_retries is None else entry.retries.max_retries
+        for name, entry in registry.items()
+    }
+
+
 class Rollup:
     """Writes the console's rollup now and then; see the module's docs."""
 
     name = "rollup"
 
     def __init__(
-        self, driver: Driver, registry: Mapping[str, Executable], interval: float = INTERVAL
+        self,
+        driver: Driver,
+        registry: Mapping[str, Executable],
+        interval: float = INTERVAL,
+        limits: Mapping[str, int] | None = None,
     ) -> None:
         self._driver = driver
         self._plans = stage_plans(registry)
+        self._limits = limits or {}
         self.interval = interval
         self._published = False
         self._unmigrated = False
@@ -61,6 +77,8 @@ class Rollup:
         """One run: the stage lists if not yet, then the rollup; False if another had its turn."""
         if not self._published:
             await self._driver.publish_stage_plans(self._plans)
+            if self._limits:
+                await self._driver.publish_task_limits(self._limits)
             self._published = True
         return await self._driver.roll_up()
 

@@ -51,8 +51,11 @@ class Scheduler:
         driver: Driver,
         schedules: Sequence[Schedule],
         clock: Callable[[], datetime] = _now,
+        fired: asyncio.Event | None = None,
     ) -> None:
         self._driver = driver
+        # Set once the first firing is over, however it went: a drain waits for it.
+        self.fired = fired if fired is not None else asyncio.Event()
         self._schedules = list(schedules)
         self._clock = clock
         self._taken: dict[str, datetime] = {}  # per key, the latest tick fired from here
@@ -67,7 +70,7 @@ class Scheduler:
             for tick in self._due(schedule, now):
                 try:
                     job_id = await self._driver.fire_tick(
-                        schedule.key, schedule.task, schedule.spec, tick
+                        schedule.key, schedule.task, schedule.spec, tick, schedule.queue
                     )
                 except _FAILURES as exc:  # the other schedules still fire; this one next time
                     failed = exc
@@ -85,6 +88,7 @@ class Scheduler:
                         "schedule.fired",
                         job_id=job_id,
                         task=schedule.task,
+                        queue=schedule.queue,
                         schedule=schedule.key,
                         tick=tick.isoformat(),
                     ),
@@ -120,10 +124,12 @@ class Scheduler:
             try:
                 await self.fire_due()
             except TRANSIENT as exc:
+                self.fired.set()
                 log.debug("scheduled ticks not fired yet: %s", type(exc).__name__)
                 await asyncio.sleep(backoff.next())
                 continue
             except psycopg.Error as exc:  # a refusal (no table, no grant): jobs still run
+                self.fired.set()
                 error = describe(exc)
                 log.error(
                     "scheduled ticks failed (%s); trying again in %.0f s",
@@ -133,6 +139,7 @@ class Scheduler:
                 )
                 await asyncio.sleep(REFUSED_RETRY)
                 continue
+            self.fired.set()
             backoff.reset()
             # Asleep until the tick, not polling; a wake-up a little early finds nothing due
             # and sleeps again for the rest.

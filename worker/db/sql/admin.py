@@ -163,3 +163,26 @@ WHERE queue = ANY(%(queues)s::text[])
   AND ((status = 'pending' AND run_at <= now())
        OR (status = 'processing' AND worker_id = %(worker_id)s))
 """
+
+# Read-only: the failures of the last `since` seconds (`jobs_failed_idx`), grouped by task,
+# error type and message as `worker.job_failures` (migration 0013) keys them, most frequent
+# first; a NULL task skips its filter.
+FAILURE_GROUPS = """
+SELECT task, error_type, message, count(*) AS failures,
+       min(finished_at) AS first_seen, max(finished_at) AS last_seen,
+       (array_agg(id ORDER BY finished_at DESC))[1] AS example_job_id
+FROM worker.job_failures
+WHERE finished_at >= now() - make_interval(secs => %(since)s)
+  AND (%(task)s::text IS NULL OR task = %(task)s::text)
+GROUP BY task, error_type, message
+ORDER BY failures DESC, last_seen DESC, task
+LIMIT %(limit)s
+"""
+
+# Read-only: the retry limit that applies to one job: its own, else the one its task's workers
+# published (`worker.task_limits`, migration 0013); NULL if neither is known.
+RETRY_LIMIT = """
+SELECT coalesce(j.max_retries, l.max_retries) AS max_retries
+FROM worker.jobs AS j LEFT JOIN worker.task_limits AS l ON l.task = j.task
+WHERE j.id = %(id)s
+"""

@@ -99,14 +99,16 @@ BULK_COUNT = {
 }
 
 # Read-only: what the job view adds to `GET /jobs/{id}`: the worker holding the job and how
-# long ago it beat, and the stages its task runs as the workers registered them.
+# long ago it beat, the stages its task runs as the workers registered them, and the retry
+# limit that applies to it (its own, else its task's as the workers published it).
 JOB_CONTEXT = """
 SELECT j.task, j.worker_id, w.hostname AS worker_host, w.pid AS worker_pid,
        extract(epoch FROM now() - w.heartbeat_at)::float8 AS heartbeat_age,
-       t.stages, t.cleanups
+       t.stages, t.cleanups, coalesce(j.max_retries, l.max_retries) AS retry_limit
 FROM worker.jobs AS j
 LEFT JOIN worker.workers AS w ON w.id = j.worker_id
 LEFT JOIN worker.task_stages AS t ON t.task = j.task
+LEFT JOIN worker.task_limits AS l ON l.task = j.task
 WHERE j.id = %(id)s
 """
 
@@ -194,6 +196,18 @@ SET pending = greatest(r.pending, EXCLUDED.pending),
 
 # Rows past what any chart shows.
 PRUNE_ROLLUPS = "DELETE FROM worker.job_rollups WHERE minute < now() - interval '2 days'"
+
+# A worker's registry, published: the retry limit its claim applies to each task's jobs that
+# set none (the task's own, else the worker's default), so `worker show` gives it without the
+# task's code. Rows are written in key order, as the stages below, so two workers starting at
+# once lock them in the same order; a row already right is not rewritten.
+PUBLISH_LIMITS = """
+INSERT INTO worker.task_limits (task, max_retries)
+SELECT key, value::integer FROM jsonb_each_text(%(limits)s::jsonb) ORDER BY key
+ON CONFLICT (task) DO UPDATE
+SET max_retries = EXCLUDED.max_retries, updated_at = now()
+WHERE task_limits.max_retries <> EXCLUDED.max_retries
+"""
 
 # A worker's registry, published: each pipeline's stages in the order they run.
 PUBLISH_STAGES = """

@@ -7,7 +7,7 @@
 # all. A row seen for the first time is inserted without a job: a new schedule fires from its
 # next tick. (`xmax = 0` tells an inserted row from an updated one: an update through ON
 # CONFLICT leaves the row locked by this transaction.) One job however many ticks were missed:
-# the workers fire only the latest.
+# the workers fire only the latest. The job goes to the schedule's queue, a parameter.
 FIRE_TICK = """
 WITH advanced AS (
     INSERT INTO worker.schedules AS s (key, task, spec, last_tick)
@@ -18,7 +18,7 @@ WITH advanced AS (
     RETURNING s.xmax <> '0'::xid AS fired
 )
 INSERT INTO worker.jobs (task, payload, queue, run_at)
-SELECT %(task)s, '{}', 'default', %(tick)s FROM advanced WHERE fired
+SELECT %(task)s, '{}', %(queue)s, %(tick)s FROM advanced WHERE fired
 RETURNING id::text
 """
 
