@@ -41,7 +41,7 @@ from worker.db.driver import Closable, Driver, RecordedOutcome, Registration
 from worker.db.errors import TRANSIENT, describe
 from worker.db.postgres import PostgresDriver
 from worker.events import PostgresBus, ProgressBus
-from worker.logs import fields
+from worker.logs import fields, first_line
 from worker.models import JobStatus
 from worker.schedules import SCHEDULES
 from worker.settings import Settings
@@ -262,14 +262,22 @@ class Worker:
         for row in rows:
             # A job back to pending is a retry after a failed attempt, or a snooze.
             again = row.status == JobStatus.PENDING
+            # A retry's or a failure's line says why: its error's first line (for an exception,
+            # its type and message), cut from the text only here, where it is logged.
+            why = (
+                first_line(row.error)
+                if row.error is not None and (again or row.status == JobStatus.FAILED)
+                else None
+            )
             job_log.info(
-                "job %s (%s) %s after %.3f s (queue %s, retries %d)",
+                "job %s (%s) %s after %.3f s (queue %s, retries %d)%s",
                 row.id,
                 row.task,
                 "back to pending" if again else row.status,
                 row.duration or 0.0,
                 row.queue,
                 row.retry_count,
+                f": {why}" if why else "",
                 extra=fields(
                     "job.requeued" if again else f"job.{row.status}",
                     job_id=row.id,
@@ -278,5 +286,6 @@ class Worker:
                     status=row.status,
                     duration=round(float(row.duration or 0.0), 6),
                     retry_count=row.retry_count,
+                    **({"error": why} if why else {}),
                 ),
             )
