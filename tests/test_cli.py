@@ -492,6 +492,48 @@ def test_errors_are_one_red_line_with_the_right_exit_code(empty_database_url, en
         assert "s3cret" not in stderr and stdout == ""
 
 
+BROKEN_MODULES = {
+    "bad_syntax": ("x = 1\ndef f(:\n    pass\n", ":2: SyntaxError: invalid syntax"),
+    "raises_at_import": (
+        "import os\n\nraise RuntimeError('no API key\\nsecond line')\n",
+        ":3: RuntimeError: no API key",
+    ),
+    "imports_a_missing_module": (
+        "import no_such_dependency_zz\n",
+        ":1: ModuleNotFoundError: No module named 'no_such_dependency_zz'",
+    ),
+}
+
+
+@pytest.mark.parametrize("command", ["run", "schedule"])
+def test_a_task_module_that_fails_to_import_is_one_line_with_its_file_and_line(
+    env, tmp_path, command
+):
+    for name, (source, _) in BROKEN_MODULES.items():
+        (tmp_path / f"{name}.py").write_text(source)
+    procs = {
+        name: subprocess.Popen(
+            [sys.executable, "-m", "worker", command, name],
+            env=env,
+            cwd=tmp_path,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for name in [*BROKEN_MODULES, "no_such_module_zz"]
+    }
+    for name, proc in procs.items():
+        _, stderr = proc.communicate(timeout=120)
+        assert proc.returncode == 2, (name, stderr)
+        assert stderr.count("\n") == 1 and "Traceback" not in stderr, (name, stderr)
+        assert stderr.startswith(f"error: cannot import task module {name!r}: "), stderr
+        if name in BROKEN_MODULES:
+            where = str(tmp_path / f"{name}.py") + BROKEN_MODULES[name][1]
+            assert where in stderr, (name, stderr)
+        else:
+            assert "No module named 'no_such_module_zz'" in stderr
+
+
 # -- tables on a standard terminal --------------------------------------------------------------
 
 LONG_TASK = "reports.monthly.generate_invoice_batch_for_region"

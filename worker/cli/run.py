@@ -16,6 +16,7 @@ import os
 import signal
 import sys
 import threading
+import traceback
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -170,13 +171,36 @@ def pin_alone() -> None:
 
 
 def import_task_modules(modules: list[str]) -> None:
-    """Import the modules defining tasks, from the current directory too."""
+    """Import the modules defining tasks, from the current directory too. A module that
+    cannot be imported (missing, or raising as it is imported: a syntax error, a bad import,
+    any exception) is a usage error: one line naming the file and line, exit code 2."""
     sys.path.insert(0, os.getcwd())
     for name in modules:
         try:
             importlib.import_module(name)
-        except ImportError as exc:
-            raise CliError(f"cannot import task module {name!r}: {exc}") from None
+        except Exception as exc:
+            raise fail(f"cannot import task module {name!r}: {import_failure(exc)}", 2) from None
+
+
+def import_failure(exc: BaseException) -> str:
+    """Why an import failed, in one line: where (file:line) and the exception's first line."""
+    from worker.logs import first_line
+
+    if isinstance(exc, SyntaxError):  # its own place: the traceback ends in the import system
+        where, what = f"{exc.filename}:{exc.lineno}", f"{type(exc).__name__}: {exc.msg}"
+    else:
+        called = traceback.extract_tb(exc.__traceback__)[1:]  # below the importing call
+        frames = [f for f in called if _user_frame(f.filename)]
+        where = f"{frames[-1].filename}:{frames[-1].lineno}" if frames else ""
+        what = f"{type(exc).__name__}: {first_line(exc)}"
+    if not where:
+        return what
+    return f"{where}: {what}"
+
+
+def _user_frame(filename: str) -> bool:
+    """A frame of the imported code, not of the import machinery."""
+    return not filename.startswith("<frozen ") and "importlib" not in filename
 
 
 def serve_metrics(worker: Any, database: str, s: Settings) -> MetricsServer:
