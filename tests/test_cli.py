@@ -229,6 +229,73 @@ def test_show_errors(worker_cli):
     assert "'nope' is not a job id" in worker_cli("show", "nope", code=2).stderr
 
 
+def test_every_id_form_worker_jobs_prints_names_its_job_in_every_command(
+    database_url, worker_cli, monkeypatch
+):
+    url = database_url
+    failed = insert_job(
+        url, id="0aaa1111-2222-4333-8444-55556666beef", status="failed", error="boom",
+        finished_at="sql:now()",
+    )
+    paused = insert_job(url, id="0bbb1111-2222-4333-8444-55556666cafe", status="paused")
+    waiting = insert_job(url, id="0ccc1111-2222-4333-8444-55556666d00d", run_at="sql:now() + interval '1 hour'")
+    monkeypatch.setattr(cli.out, "width", 60)  # a narrow terminal: the ids are shortened
+    printed = {
+        job_id: row["id"]
+        for row in table_rows(worker_cli("jobs").stdout, "id")
+        for job_id in (failed, paused, waiting)
+        if job_id.endswith(row["id"].removeprefix("…"))
+    }
+    assert len(printed) == 3 and all(shown.startswith("…") for shown in printed.values())
+
+    for job_id, shown in printed.items():
+        assert as_json(worker_cli("show", shown, "--json"))["job_id"] == job_id
+    assert as_json(worker_cli("show", "0aaa", "--json"))["job_id"] == failed
+    assert as_json(worker_cli("show", "...55556666beef", "--json"))["job_id"] == failed
+    assert as_json(worker_cli("show", "6666beef", "--json"))["job_id"] == failed  # no id begins so
+    assert f"job {failed} is pending again" in worker_cli("retry", "…6666beef").stdout
+    assert f"job {paused} resumed" in worker_cli("resume", "0bbb1111-22").stdout
+    assert f"job {waiting} cancelled" in worker_cli("cancel", "…d00d").stdout
+    assert query(url, "SELECT status FROM worker.jobs ORDER BY id") == [
+        ("pending",), ("pending",), ("cancelled",)
+    ]
+
+
+def test_a_part_of_a_job_id_naming_several_jobs_or_none_is_one_line(database_url, worker_cli):
+    url = database_url
+    first = insert_job(url, id="0ddd1111-2222-4333-8444-555566660001")
+    second = insert_job(url, id="0ddd2222-2222-4333-8444-555566660001")
+    for command in ("show", "cancel", "retry", "resume"):
+        result = worker_cli(command, "0ddd", code=2)
+        assert result.stderr.strip() == (
+            f"error: job id '0ddd' is ambiguous: 2 job ids begin with it ({first}, {second}); "
+            "give more characters"
+        )
+        result = worker_cli(command, "…66660001", code=2)
+        assert f"2 job ids end with it ({first}, {second})" in result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1
+        result = worker_cli(command, "beef", code=1)
+        assert result.stderr.strip() == "error: no job id begins or ends with 'beef'"
+        result = worker_cli(command, "…0ddd", code=1)
+        assert result.stderr.strip() == "error: no job id ends with '0ddd'"
+    assert query(url, "SELECT count(*) FROM worker.jobs WHERE status = 'pending'") == [(2,)]
+
+
+def test_cancelling_an_ended_job_says_it_had_ended_with_its_status(database_url, worker_cli):
+    url = database_url
+    for status in ("completed", "failed", "cancelled"):
+        ended = insert_job(url, status=status, finished_at="sql:now() - interval '1 hour'")
+        result = worker_cli("cancel", ended, code=1)
+        assert result.stderr.strip() == f"error: job {ended} is already {status}: nothing to cancel"
+        assert result.stdout == ""
+        assert query(
+            url, "SELECT status, cancel_requested, finished_at < now() - interval '1 minute' "
+            "FROM worker.jobs WHERE id = %s", (ended,)
+        ) == [(status, False, True)]
+    missing = str(uuid.uuid4())
+    assert worker_cli("cancel", missing, code=1).stderr.strip() == f"error: no job {missing}"
+
+
 # -- retry -------------------------------------------------------------------------------------
 
 

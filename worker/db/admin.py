@@ -223,6 +223,20 @@ async def job_status(conn: Conn, job_id: str) -> JobStatus | None:
     return None if row is None else JobStatus(row[0])
 
 
+async def ids_beginning(conn: Conn, digits: str, limit: int) -> list[str]:
+    """Up to `limit` ids (canonical text, in order) that begin with these hex digits."""
+    lower, upper = (UUID(digits.ljust(32, pad)) for pad in "0f")
+    params = {"lower": lower, "upper": upper, "limit": limit}
+    return [row[0] for row in await (await conn.execute(sql.JOBS_BY_ID_PREFIX, params)).fetchall()]
+
+
+async def ids_ending(conn: Conn, digits: str, limit: int) -> list[str]:
+    """Up to `limit` ids (canonical text, in order) that end with these hex digits: this reads
+    the whole table (see `sql.JOBS_BY_ID_SUFFIX`)."""
+    params = {"pattern": "%" + digits, "limit": limit}
+    return [row[0] for row in await (await conn.execute(sql.JOBS_BY_ID_SUFFIX, params)).fetchall()]
+
+
 async def last_events(conn: Conn, job_id: str, limit: int) -> list[EventRow]:
     """The job's newest `limit` events, oldest first."""
     rows = await _rows(conn, EventRow, sql.LAST_EVENTS, {"job_id": job_id, "limit": limit})

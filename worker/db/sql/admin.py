@@ -39,6 +39,21 @@ ORDER BY created_at DESC, id DESC
 LIMIT %(limit)s OFFSET %(offset)s
 """
 
+# Read-only: the jobs whose id begins with some hex digits, as the range of uuids that begin
+# with them (both ends given whole), so the primary key's index finds them in a few pages.
+JOBS_BY_ID_PREFIX = """
+SELECT id::text FROM worker.jobs WHERE id >= %(lower)s::uuid AND id <= %(upper)s::uuid
+ORDER BY id LIMIT %(limit)s
+"""
+
+# Read-only: the jobs whose id ends with some hex digits (the pattern is '%' and hex digits
+# only, so nothing in it is a wildcard). No index serves a suffix: this reads every row of
+# worker.jobs, so it costs what a sequential scan of the table costs.
+JOBS_BY_ID_SUFFIX = """
+SELECT id::text FROM worker.jobs WHERE replace(id::text, '-', '') LIKE %(pattern)s
+ORDER BY id LIMIT %(limit)s
+"""
+
 # Read-only: the newest events of one job (job_events_job_idx), for `worker show`.
 LAST_EVENTS = """
 SELECT id, step, status, message, created_at FROM worker.job_events
