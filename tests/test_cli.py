@@ -115,6 +115,7 @@ def test_jobs_pages_do_not_overlap_and_say_when_more_follow(database_url, worker
         (("--status", "running"), "'running' is not one of"),
         (("--limit", "0"), "--limit"),
         (("--page", "0"), "--page"),
+        (("--page", "1000000000000000000"), "--page"),
     ],
 )
 def test_jobs_bad_filters_are_usage_errors(worker_cli, args, message):
@@ -127,20 +128,36 @@ def test_jobs_bad_filters_are_usage_errors(worker_cli, args, message):
     [
         (("run", "testtasks", "--concurrency", "100000"), 2, "--concurrency: "),
         (("run", "testtasks", "--queues", ","), 2, "--queues: "),
-        (("prune", "--older-than", "1000000d"), 1, "out of range"),
-        (("jobs", "--page", "1000000000000000000"), 1, "out of range"),
-        (("enqueue", "add", "--delay", "1e13"), 1, "from 0 to 100 years"),
-        (("enqueue", "add", "--max-retries", "3000000000"), 1, "max_retries must be"),
-        (("resume", "00000000-0000-0000-0000-000000000000", "--answer", "NaN"), 1, "answer"),
-        (("enqueue", "add", "--unique-key", ""), 1, "unique_key must be a string"),
-        (("queue", "limit", "q", "--concurrency", "0"), 1, "concurrency must be an integer"),
-        (("queue", "limit", "q", "--burst", "2"), 1, "burst needs a rate"),
+        (("prune", "--older-than", "1000000d"), 2, "out of range"),
+        (("enqueue", "add", "--delay", "1e13"), 2, "from 0 to 100 years"),
+        (("enqueue", "add", "--max-retries", "3000000000"), 2, "max_retries must be"),
+        (("resume", "00000000-0000-0000-0000-000000000000", "--answer", "NaN"), 2, "answer"),
+        (("enqueue", "add", "--unique-key", ""), 2, "unique_key must be a string"),
+        (("queue", "limit", "q", "--concurrency", "0"), 2, "concurrency must be an integer"),
+        (("queue", "limit", "q", "--burst", "2"), 2, "burst needs a rate"),
     ],
 )
-def test_values_out_of_range_are_one_line_and_write_nothing(
+def test_values_out_of_range_are_usage_errors_of_one_line_that_write_nothing(
     database_url, worker_cli, args, code, message
 ):
     result = worker_cli(*args, code=code)
+    assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert query(database_url, "SELECT count(*) FROM worker.jobs") == [(0,)]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("enqueue", "add", "--payload", "{nope"), "--payload is not valid JSON: Expecting"),
+        (("enqueue", "add", "--payload", "[1, 2]"), "payload"),
+        (("resume", "0b0e", "--answer", "{nope"), "--answer is not valid JSON"),
+        (("enqueue", "add", "--priority", "1000"), "priority must be an integer"),
+        (("enqueue", "add", "--queue", ""), "queue name must be"),
+        (("queue", "limit", "q", "--rate", "-1"), "rate must be a number"),
+    ],
+)
+def test_a_bad_option_value_is_a_usage_error_exit_code_2(database_url, worker_cli, args, message):
+    result = worker_cli(*args, code=2)
     assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1
     assert query(database_url, "SELECT count(*) FROM worker.jobs") == [(0,)]
 
@@ -488,7 +505,7 @@ def test_enqueue_cancel_resume_round_trip(env, database_url, processes, worker_c
     assert "resumed" in worker_cli("resume", asked.id, "--answer", '{"ok": true}').stdout
     assert asked.wait_sync(timeout=30) == {"answer": {"ok": True}}
     assert "not paused" in worker_cli("resume", asked.id, code=1).stderr
-    assert "not valid JSON" in worker_cli("resume", asked.id, "--answer", "{no", code=1).stderr
+    assert "not valid JSON" in worker_cli("resume", asked.id, "--answer", "{no", code=2).stderr
     result = worker_cli(
         "enqueue", "add", "--payload", '{"a": 1, "b": 1}', "--wait", "--timeout", "30"
     )

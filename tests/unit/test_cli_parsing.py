@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 import typer
 
-from worker.cli.errors import CliError
+from worker.cli.errors import UsageError
 from worker.cli.options import parse_age, parse_job_id, parse_json
 from worker.cli.output import ago, span, styled, summary
 
@@ -67,7 +67,7 @@ def test_a_job_id_that_is_not_a_uuid_nor_a_part_of_one_is_a_usage_error(text: st
 
 def test_json_options_parse_and_bad_json_says_where_it_breaks() -> None:
     assert parse_json('{"to": "ada"}', "--payload") == {"to": "ada"}
-    with pytest.raises(CliError, match=r"--payload is not valid JSON: .* at position 1"):
+    with pytest.raises(UsageError, match=r"--payload is not valid JSON: .* at position 1"):
         parse_json("{nope", "--payload")
 
 

@@ -35,6 +35,7 @@ from worker.db import admin
 from worker.models import JobStatus
 
 BATCH = 1000  # rows per statement in bulk retry and prune: short locks, steady progress
+MAX_PAGE = 10**12  # a page past it would skip more rows than a bigint OFFSET counts
 
 
 def enqueue(
@@ -255,7 +256,7 @@ def jobs(
         str | None, typer.Option(help="Created within this: 30s, 15m, 12h, 7d, 2w.")
     ] = None,
     limit: Annotated[int, typer.Option(min=1, max=1000, help="Jobs per page.")] = 20,
-    page: Annotated[int, typer.Option(min=1, help="Page number, from 1.")] = 1,
+    page: Annotated[int, typer.Option(min=1, max=MAX_PAGE, help="Page number, from 1.")] = 1,
     as_json: AsJson = False,
 ) -> None:
     """List jobs, newest first, filtered by status, queue, task and age; one page at a time.

@@ -14,7 +14,7 @@ from typing import Annotated, Any
 
 import typer
 
-from worker.cli.errors import CliError
+from worker.cli.errors import UsageError
 from worker.ids import job_id_text
 
 _AGE_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
@@ -80,7 +80,7 @@ def parse_json(text: str, what: str) -> Any:
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
-        raise CliError(f"{what} is not valid JSON: {exc.msg} at position {exc.pos}") from None
+        raise UsageError(f"{what} is not valid JSON: {exc.msg} at position {exc.pos}") from None
 
 
 JobId = Annotated[
