@@ -515,7 +515,14 @@ def test_enqueue_cancel_resume_round_trip(env, database_url, processes, worker_c
 def test_migrate_creates_the_schema_and_prints_sql(empty_database_url, monkeypatch, worker_cli):
     monkeypatch.setenv("DATABASE_URL", empty_database_url)
     get_settings.cache_clear()
-    assert "up to date" in worker_cli("migrate").stdout
+    lines = worker_cli("migrate").stdout.strip().splitlines()
+    assert all(len(line.split(": ", 1)[1]) > 3 for line in lines[:-1])  # each with its title
+    assert [line.split(":")[0] for line in lines[:-1]] == [
+        f"applied {n:04d}" for n in range(1, len(lines))
+    ]
+    head = lines[-2].split()[1].rstrip(":")
+    assert lines[-1] == f"schema is up to date at {head}"
+    assert worker_cli("migrate").stdout.strip() == f"already up to date at {head}"
     assert query(empty_database_url, "SELECT to_regclass('worker.queue_stats')::text") == [
         ("worker.queue_stats",)
     ]

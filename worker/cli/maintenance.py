@@ -23,7 +23,8 @@ def migrate(
         bool, typer.Option("--sql", help="Print the SQL instead of running it.")
     ] = False,
 ) -> None:
-    """Create or upgrade the `worker` schema (Alembic `upgrade head`).
+    """Create or upgrade the `worker` schema (Alembic `upgrade head`): prints each migration it
+    applies (id and title), or that the schema was already up to date, at which one.
 
     Example: worker migrate --sql > schema.sql
     """
@@ -32,8 +33,16 @@ def migrate(
     if sql:
         out.print(migrations.upgrade_sql(), highlight=False, markup=False)
         return
-    migrations.upgrade(url())
-    out.print("[green]schema is up to date[/green]")
+    database = url()
+    before = ask(admin.schema_revision, database)
+    applied = migrations.revisions_after(before)
+    migrations.upgrade(database)
+    if not applied:
+        out.print(f"[green]already up to date at {before}[/green]", highlight=False)
+        return
+    for revision, title in applied:
+        out.print(f"applied {revision}: {title}", highlight=False, markup=False)
+    out.print(f"[green]schema is up to date at {applied[-1][0]}[/green]", highlight=False)
 
 
 def prune(

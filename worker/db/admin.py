@@ -253,6 +253,14 @@ async def health(conn: Conn) -> bool:
     return bool(row and row[0])
 
 
+async def schema_revision(conn: Conn) -> str | None:
+    """The migration the schema is at (None: not migrated at all)."""
+    if not await _count(conn, sql.HAS_VERSION_TABLE):
+        return None
+    row = await (await conn.execute(sql.SCHEMA_REVISION)).fetchone()
+    return None if row is None else str(row[0])
+
+
 async def job_stats(conn: Conn) -> list[StatusCount]:
     """Counts per queue and status, over every job the table holds."""
     return await _rows(conn, StatusCount, sql.JOB_STATS)

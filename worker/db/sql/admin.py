@@ -18,6 +18,10 @@ FROM worker.jobs GROUP BY queue, status ORDER BY queue, status
 # The health check: the database answers and holds the worker schema.
 HEALTH = "SELECT to_regclass('worker.jobs') IS NOT NULL AS has_schema"
 
+# Read-only: whether Alembic's version table exists yet, then the revision it records.
+HAS_VERSION_TABLE = "SELECT to_regclass('worker.alembic_version') IS NOT NULL"
+SCHEMA_REVISION = "SELECT version_num FROM worker.alembic_version"
+
 # -- operators' tools (the `worker` CLI, metrics) -----------------------------------------
 
 # Read-only. Newest first; a NULL parameter skips its filter; ages are seconds before now()
