@@ -482,6 +482,55 @@ def test_prune_deletes_old_finished_jobs_only_with_a_progress_bar(database_url, 
     assert "not an age" in worker_cli("prune", "--older-than", "soon", code=2).stderr
 
 
+def test_prune_dry_run_counts_by_status_and_deletes_nothing(database_url, worker_cli):
+    url = database_url
+    for status in ("completed", "completed", "failed"):
+        insert_job(url, status=status, finished_at="sql:now() - interval '10 days'")
+    insert_job(url, status="cancelled", finished_at="sql:now()")
+    result = worker_cli("prune", "--older-than", "7d", "--dry-run")
+    assert result.stdout.strip() == (
+        "would remove 3 finished jobs (completed: 2, failed: 1); nothing removed (--dry-run)"
+    )
+    assert query(url, "SELECT count(*) FROM worker.jobs") == [(4,)]
+    # Not a terminal (a script, cron): it deletes without asking, as it always did.
+    assert "removed 3 finished jobs" in worker_cli("prune", "--older-than", "7d").stdout
+    assert query(url, "SELECT status FROM worker.jobs") == [("cancelled",)]
+
+
+def _prune_on_a_terminal(env: dict[str, str], answer: str, *args: str) -> tuple[int, str]:
+    """`worker prune ARGS` with a terminal as its stdin, answering its question; its exit code
+    and everything it printed."""
+    import pty
+
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "worker", "prune", *args],
+        env=env, cwd=ROOT, stdin=follower, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True,
+    )
+    os.close(follower)
+    os.write(leader, answer.encode())
+    printed, _ = proc.communicate(timeout=120)
+    os.close(leader)
+    return proc.returncode, printed
+
+
+def test_prune_on_a_terminal_asks_first_unless_yes(database_url, env):
+    url = database_url
+    for _ in range(2):
+        insert_job(url, status="failed", finished_at="sql:now() - interval '10 days'")
+    code, printed = _prune_on_a_terminal(env, "n\n", "--older-than", "7d")
+    assert "remove 2 finished jobs (failed: 2) older than 7d? [y/N]" in printed
+    assert code == 1 and "nothing removed" in printed
+    assert query(url, "SELECT count(*) FROM worker.jobs") == [(2,)]
+    code, printed = _prune_on_a_terminal(env, "y\n", "--older-than", "7d")
+    assert code == 0 and "removed 2 finished jobs" in printed
+    insert_job(url, status="failed", finished_at="sql:now() - interval '10 days'")
+    code, printed = _prune_on_a_terminal(env, "", "--older-than", "7d", "--yes")
+    assert code == 0 and "?" not in printed and "removed 1 finished jobs" in printed
+    assert query(url, "SELECT count(*) FROM worker.jobs") == [(0,)]
+
+
 # -- the other verbs ---------------------------------------------------------------------------
 
 

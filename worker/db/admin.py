@@ -312,9 +312,10 @@ def _prune_params(before: datetime, batch: int = 0) -> dict[str, Any]:
     return {"statuses": statuses, "before": before, "batch": batch}
 
 
-async def count_prunable(conn: Conn, before: datetime) -> int:
-    """How many finished jobs finished before `before`."""
-    return await _count(conn, sql.COUNT_PRUNABLE, _prune_params(before))
+async def count_prunable(conn: Conn, before: datetime) -> dict[JobStatus, int]:
+    """How many finished jobs finished before `before`, per status (none: no entry)."""
+    rows = await (await conn.execute(sql.COUNT_PRUNABLE, _prune_params(before))).fetchall()
+    return {JobStatus(status): int(jobs) for status, jobs in rows}
 
 
 async def prune_batch(conn: Conn, before: datetime, batch: int) -> int:

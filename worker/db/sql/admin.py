@@ -119,10 +119,12 @@ SELECT queue, count(*) AS moved, pg_notify('worker_jobs', queue) IS NULL AS _
 FROM moved GROUP BY queue
 """
 
-# Read-only: how many finished jobs a prune will delete (jobs_finished_idx), for its progress.
+# Read-only: how many finished jobs a prune will delete, per status (jobs_finished_idx), for
+# its dry run, its question and its progress.
 COUNT_PRUNABLE = """
-SELECT count(*) FROM worker.jobs
+SELECT status, count(*) FROM worker.jobs
 WHERE status = ANY(%(statuses)s::text[]) AND finished_at < %(before)s
+GROUP BY status ORDER BY status
 """
 
 # The lease the worker.stuck_jobs view applies in this transaction (it cannot read WORKER_*);
