@@ -251,11 +251,16 @@ def test_every_id_form_worker_jobs_prints_names_its_job_in_every_command(
 ):
     url = database_url
     failed = insert_job(
-        url, id="0aaa1111-2222-4333-8444-55556666beef", status="failed", error="boom",
+        url,
+        id="0aaa1111-2222-4333-8444-55556666beef",
+        status="failed",
+        error="boom",
         finished_at="sql:now()",
     )
     paused = insert_job(url, id="0bbb1111-2222-4333-8444-55556666cafe", status="paused")
-    waiting = insert_job(url, id="0ccc1111-2222-4333-8444-55556666d00d", run_at="sql:now() + interval '1 hour'")
+    waiting = insert_job(
+        url, id="0ccc1111-2222-4333-8444-55556666d00d", run_at="sql:now() + interval '1 hour'"
+    )
     monkeypatch.setattr(cli.out, "width", 60)  # a narrow terminal: the ids are shortened
     printed = {
         job_id: row["id"]
@@ -274,7 +279,9 @@ def test_every_id_form_worker_jobs_prints_names_its_job_in_every_command(
     assert f"job {paused} resumed" in worker_cli("resume", "0bbb1111-22").stdout
     assert f"job {waiting} cancelled" in worker_cli("cancel", "…d00d").stdout
     assert query(url, "SELECT status FROM worker.jobs ORDER BY id") == [
-        ("pending",), ("pending",), ("cancelled",)
+        ("pending",),
+        ("pending",),
+        ("cancelled",),
     ]
 
 
@@ -306,8 +313,10 @@ def test_cancelling_an_ended_job_says_it_had_ended_with_its_status(database_url,
         assert result.stderr.strip() == f"error: job {ended} is already {status}: nothing to cancel"
         assert result.stdout == ""
         assert query(
-            url, "SELECT status, cancel_requested, finished_at < now() - interval '1 minute' "
-            "FROM worker.jobs WHERE id = %s", (ended,)
+            url,
+            "SELECT status, cancel_requested, finished_at < now() - interval '1 minute' "
+            "FROM worker.jobs WHERE id = %s",
+            (ended,),
         ) == [(status, False, True)]
     missing = str(uuid.uuid4())
     assert worker_cli("cancel", missing, code=1).stderr.strip() == f"error: no job {missing}"
@@ -505,7 +514,11 @@ def _prune_on_a_terminal(env: dict[str, str], answer: str, *args: str) -> tuple[
     leader, follower = pty.openpty()
     proc = subprocess.Popen(
         [sys.executable, "-m", "worker", "prune", *args],
-        env=env, cwd=ROOT, stdin=follower, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        env=env,
+        cwd=ROOT,
+        stdin=follower,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
         text=True,
     )
     os.close(follower)

@@ -59,7 +59,9 @@ def test_the_start_or_the_end_of_a_job_id_is_read_for_a_lookup(text: str, read: 
     assert parse_job_id(text) == read
 
 
-@pytest.mark.parametrize("text", ["nope", "42", "", "…abc", "0b0e3c5e-2f4a-4c1e-9d3b-6a1f2e3d4c5b0"])
+@pytest.mark.parametrize(
+    "text", ["nope", "42", "", "…abc", "0b0e3c5e-2f4a-4c1e-9d3b-6a1f2e3d4c5b0"]
+)
 def test_a_job_id_that_is_not_a_uuid_nor_a_part_of_one_is_a_usage_error(text: str) -> None:
     with pytest.raises(typer.BadParameter, match="is not a job id"):
         parse_job_id(text)

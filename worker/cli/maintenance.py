@@ -49,7 +49,8 @@ def migrate(
 def prune(
     older_than: Annotated[str, typer.Option(help="Age: 30s, 15m, 12h, 7d, 2w.")] = "7d",
     dry_run: Annotated[
-        bool, typer.Option("--dry-run", help="Print what would be deleted, per status; delete nothing.")
+        bool,
+        typer.Option("--dry-run", help="Print what it would delete, per status; delete nothing."),
     ] = False,
     yes: Annotated[
         bool, typer.Option("--yes", "-y", help="Do not ask first (on a terminal it asks).")
@@ -72,10 +73,10 @@ def prune(
     if dry_run:
         out.print(f"would remove {described}; nothing removed (--dry-run)")
         return
-    if total and not yes and sys.stdin.isatty():
-        if not typer.confirm(f"remove {described} older than {older_than}?", default=False):
-            out.print("nothing removed")
-            raise typer.Exit(1)
+    asking = total and not yes and sys.stdin.isatty()
+    if asking and not typer.confirm(f"remove {described} older than {older_than}?", default=False):
+        out.print("nothing removed")
+        raise typer.Exit(1)
     removed = ask(lambda conn: _prune(conn, before, total)) if total else 0
     out.print(f"removed {removed} finished jobs")
 

@@ -15,8 +15,8 @@ running. Any other error stops it, and with it the worker.
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from uuid import UUID
 
 import psycopg
