@@ -49,6 +49,15 @@ def run(
             "for CPU-bound tasks on a machine given to the worker.",
         ),
     ] = None,
+    burst: Annotated[
+        bool,
+        typer.Option(
+            "--burst",
+            help="Exit (code 0) once its queues have no due job and its own jobs have ended: "
+            "for cron and CI. Jobs due later (run_at in the future, a retry's backoff) do not "
+            "keep it running. With --processes N, each process exits when it finds nothing.",
+        ),
+    ] = False,
     migrate: Annotated[bool, typer.Option(help="Apply migrations before starting.")] = False,
     connect_timeout: Annotated[
         float | None,
@@ -61,7 +70,7 @@ def run(
     ] = None,
     supervisor_pid: Annotated[int | None, typer.Option(hidden=True)] = None,
 ) -> None:
-    """Run the worker daemon until SIGTERM or Ctrl-C.
+    """Run the worker daemon until SIGTERM or Ctrl-C (with --burst: until nothing is due).
 
     Example: worker run myapp.tasks --queues default,emails --concurrency 20 --processes 2
     """
@@ -95,8 +104,8 @@ def run(
         raise CliError(str(exc)) from None
     ensure_schema(database, migrate=migrate)
     if s.processes > 1:
-        raise typer.Exit(supervise(modules, s))
-    worker = Worker(database, s)
+        raise typer.Exit(supervise(modules, s, burst=burst))
+    worker = Worker(database, s, burst=burst)
     server = serve_metrics(worker, database, s) if s.metrics_port is not None else None
 
     async def main() -> None:
@@ -129,13 +138,14 @@ def run(
         os._exit(0)
 
 
-def supervise(modules: list[str], s: Settings) -> int:
+def supervise(modules: list[str], s: Settings, *, burst: bool = False) -> int:
     """Start `s.processes` children, each this command as one process, and keep them running
-    until SIGTERM or Ctrl-C; the exit code of the whole."""
+    until SIGTERM or Ctrl-C (with `burst`: until each has exited); the exit code of the
+    whole."""
     from worker.daemon.supervisor import STOP_MARGIN, Supervisor, usable_cpus
 
     command = [sys.executable, "-m", "worker", "run", *modules]
-    command += ["--supervisor-pid", str(os.getpid())]
+    command += ["--supervisor-pid", str(os.getpid()), *(["--burst"] if burst else [])]
     # The options given here reach the children as settings; the schema is checked already.
     # A child is pinned by the supervisor as it starts, not by itself.
     base = {
@@ -154,7 +164,7 @@ def supervise(modules: list[str], s: Settings) -> int:
     stop_timeout = s.shutdown_grace + STOP_MARGIN
     cpus = usable_cpus() if s.pin_cpus else None
     return Supervisor(
-        command, s.processes, env_for=env_for, stop_timeout=stop_timeout, cpus=cpus
+        command, s.processes, env_for=env_for, stop_timeout=stop_timeout, cpus=cpus, burst=burst
     ).run()
 
 

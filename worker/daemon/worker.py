@@ -72,6 +72,7 @@ class Worker:
         registry: Mapping[str, Executable] = REGISTRY,
         bus: ProgressBus | None = None,
         driver: Driver | None = None,
+        burst: bool = False,
     ) -> None:
         self.url = url
         self.settings = settings
@@ -96,6 +97,7 @@ class Worker:
             self._patience,
             self._stop.is_set,
             self._completer.add,
+            drained=self._drained if burst else None,
         )
         self._executor = Executor(registry, settings, self, self._local.finished, self._local.freed)
         self._local.executor = self._executor
@@ -134,6 +136,15 @@ class Worker:
             )
         self._stop.set()
         self._local.wake()
+
+    def _drained(self) -> None:
+        """Burst mode: no due job is left in its queues and none of its jobs runs: stop."""
+        log.info(
+            "worker %s: no due job left in its queues (burst)",
+            self.id,
+            extra=fields("worker.drained", worker_id=self.id),
+        )
+        self.request_stop()
 
     async def run(self) -> None:
         registration = Registration(
