@@ -115,6 +115,7 @@ def test_jobs_pages_do_not_overlap_and_say_when_more_follow(database_url, worker
         (("--status", "running"), "'running' is not one of"),
         (("--limit", "0"), "--limit"),
         (("--page", "0"), "--page"),
+        (("--page", "1000000000000000000"), "--page"),
     ],
 )
 def test_jobs_bad_filters_are_usage_errors(worker_cli, args, message):
@@ -127,20 +128,36 @@ def test_jobs_bad_filters_are_usage_errors(worker_cli, args, message):
     [
         (("run", "testtasks", "--concurrency", "100000"), 2, "--concurrency: "),
         (("run", "testtasks", "--queues", ","), 2, "--queues: "),
-        (("prune", "--older-than", "1000000d"), 1, "out of range"),
-        (("jobs", "--page", "1000000000000000000"), 1, "out of range"),
-        (("enqueue", "add", "--delay", "1e13"), 1, "from 0 to 100 years"),
-        (("enqueue", "add", "--max-retries", "3000000000"), 1, "max_retries must be"),
-        (("resume", "00000000-0000-0000-0000-000000000000", "--answer", "NaN"), 1, "answer"),
-        (("enqueue", "add", "--unique-key", ""), 1, "unique_key must be a string"),
-        (("queue", "limit", "q", "--concurrency", "0"), 1, "concurrency must be an integer"),
-        (("queue", "limit", "q", "--burst", "2"), 1, "burst needs a rate"),
+        (("prune", "--older-than", "1000000d"), 2, "out of range"),
+        (("enqueue", "add", "--delay", "1e13"), 2, "from 0 to 100 years"),
+        (("enqueue", "add", "--max-retries", "3000000000"), 2, "max_retries must be"),
+        (("resume", "00000000-0000-0000-0000-000000000000", "--answer", "NaN"), 2, "answer"),
+        (("enqueue", "add", "--unique-key", ""), 2, "unique_key must be a string"),
+        (("queue", "limit", "q", "--concurrency", "0"), 2, "concurrency must be an integer"),
+        (("queue", "limit", "q", "--burst", "2"), 2, "burst needs a rate"),
     ],
 )
-def test_values_out_of_range_are_one_line_and_write_nothing(
+def test_values_out_of_range_are_usage_errors_of_one_line_that_write_nothing(
     database_url, worker_cli, args, code, message
 ):
     result = worker_cli(*args, code=code)
+    assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert query(database_url, "SELECT count(*) FROM worker.jobs") == [(0,)]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("enqueue", "add", "--payload", "{nope"), "--payload is not valid JSON: Expecting"),
+        (("enqueue", "add", "--payload", "[1, 2]"), "payload"),
+        (("resume", "0b0e", "--answer", "{nope"), "--answer is not valid JSON"),
+        (("enqueue", "add", "--priority", "1000"), "priority must be an integer"),
+        (("enqueue", "add", "--queue", ""), "queue name must be"),
+        (("queue", "limit", "q", "--rate", "-1"), "rate must be a number"),
+    ],
+)
+def test_a_bad_option_value_is_a_usage_error_exit_code_2(database_url, worker_cli, args, message):
+    result = worker_cli(*args, code=2)
     assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1
     assert query(database_url, "SELECT count(*) FROM worker.jobs") == [(0,)]
 
@@ -227,6 +244,82 @@ def test_show_errors(worker_cli):
     missing = str(uuid.uuid4())
     assert worker_cli("show", missing, code=1).stderr.strip() == f"error: no job {missing}"
     assert "'nope' is not a job id" in worker_cli("show", "nope", code=2).stderr
+
+
+def test_every_id_form_worker_jobs_prints_names_its_job_in_every_command(
+    database_url, worker_cli, monkeypatch
+):
+    url = database_url
+    failed = insert_job(
+        url,
+        id="0aaa1111-2222-4333-8444-55556666beef",
+        status="failed",
+        error="boom",
+        finished_at="sql:now()",
+    )
+    paused = insert_job(url, id="0bbb1111-2222-4333-8444-55556666cafe", status="paused")
+    waiting = insert_job(
+        url, id="0ccc1111-2222-4333-8444-55556666d00d", run_at="sql:now() + interval '1 hour'"
+    )
+    monkeypatch.setattr(cli.out, "width", 60)  # a narrow terminal: the ids are shortened
+    printed = {
+        job_id: row["id"]
+        for row in table_rows(worker_cli("jobs").stdout, "id")
+        for job_id in (failed, paused, waiting)
+        if job_id.endswith(row["id"].removeprefix("…"))
+    }
+    assert len(printed) == 3 and all(shown.startswith("…") for shown in printed.values())
+
+    for job_id, shown in printed.items():
+        assert as_json(worker_cli("show", shown, "--json"))["job_id"] == job_id
+    assert as_json(worker_cli("show", "0aaa", "--json"))["job_id"] == failed
+    assert as_json(worker_cli("show", "...55556666beef", "--json"))["job_id"] == failed
+    assert as_json(worker_cli("show", "6666beef", "--json"))["job_id"] == failed  # no id begins so
+    assert f"job {failed} is pending again" in worker_cli("retry", "…6666beef").stdout
+    assert f"job {paused} resumed" in worker_cli("resume", "0bbb1111-22").stdout
+    assert f"job {waiting} cancelled" in worker_cli("cancel", "…d00d").stdout
+    assert query(url, "SELECT status FROM worker.jobs ORDER BY id") == [
+        ("pending",),
+        ("pending",),
+        ("cancelled",),
+    ]
+
+
+def test_a_part_of_a_job_id_naming_several_jobs_or_none_is_one_line(database_url, worker_cli):
+    url = database_url
+    first = insert_job(url, id="0ddd1111-2222-4333-8444-555566660001")
+    second = insert_job(url, id="0ddd2222-2222-4333-8444-555566660001")
+    for command in ("show", "cancel", "retry", "resume"):
+        result = worker_cli(command, "0ddd", code=2)
+        assert result.stderr.strip() == (
+            f"error: job id '0ddd' is ambiguous: 2 job ids begin with it ({first}, {second}); "
+            "give more characters"
+        )
+        result = worker_cli(command, "…66660001", code=2)
+        assert f"2 job ids end with it ({first}, {second})" in result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1
+        result = worker_cli(command, "beef", code=1)
+        assert result.stderr.strip() == "error: no job id begins or ends with 'beef'"
+        result = worker_cli(command, "…0ddd", code=1)
+        assert result.stderr.strip() == "error: no job id ends with '0ddd'"
+    assert query(url, "SELECT count(*) FROM worker.jobs WHERE status = 'pending'") == [(2,)]
+
+
+def test_cancelling_an_ended_job_says_it_had_ended_with_its_status(database_url, worker_cli):
+    url = database_url
+    for status in ("completed", "failed", "cancelled"):
+        ended = insert_job(url, status=status, finished_at="sql:now() - interval '1 hour'")
+        result = worker_cli("cancel", ended, code=1)
+        assert result.stderr.strip() == f"error: job {ended} is already {status}: nothing to cancel"
+        assert result.stdout == ""
+        assert query(
+            url,
+            "SELECT status, cancel_requested, finished_at < now() - interval '1 minute' "
+            "FROM worker.jobs WHERE id = %s",
+            (ended,),
+        ) == [(status, False, True)]
+    missing = str(uuid.uuid4())
+    assert worker_cli("cancel", missing, code=1).stderr.strip() == f"error: no job {missing}"
 
 
 # -- retry -------------------------------------------------------------------------------------
@@ -398,6 +491,59 @@ def test_prune_deletes_old_finished_jobs_only_with_a_progress_bar(database_url, 
     assert "not an age" in worker_cli("prune", "--older-than", "soon", code=2).stderr
 
 
+def test_prune_dry_run_counts_by_status_and_deletes_nothing(database_url, worker_cli):
+    url = database_url
+    for status in ("completed", "completed", "failed"):
+        insert_job(url, status=status, finished_at="sql:now() - interval '10 days'")
+    insert_job(url, status="cancelled", finished_at="sql:now()")
+    result = worker_cli("prune", "--older-than", "7d", "--dry-run")
+    assert result.stdout.strip() == (
+        "would remove 3 finished jobs (completed: 2, failed: 1); nothing removed (--dry-run)"
+    )
+    assert query(url, "SELECT count(*) FROM worker.jobs") == [(4,)]
+    # Not a terminal (a script, cron): it deletes without asking, as it always did.
+    assert "removed 3 finished jobs" in worker_cli("prune", "--older-than", "7d").stdout
+    assert query(url, "SELECT status FROM worker.jobs") == [("cancelled",)]
+
+
+def _prune_on_a_terminal(env: dict[str, str], answer: str, *args: str) -> tuple[int, str]:
+    """`worker prune ARGS` with a terminal as its stdin, answering its question; its exit code
+    and everything it printed."""
+    import pty
+
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "worker", "prune", *args],
+        env=env,
+        cwd=ROOT,
+        stdin=follower,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    os.close(follower)
+    os.write(leader, answer.encode())
+    printed, _ = proc.communicate(timeout=120)
+    os.close(leader)
+    return proc.returncode, printed
+
+
+def test_prune_on_a_terminal_asks_first_unless_yes(database_url, env):
+    url = database_url
+    for _ in range(2):
+        insert_job(url, status="failed", finished_at="sql:now() - interval '10 days'")
+    code, printed = _prune_on_a_terminal(env, "n\n", "--older-than", "7d")
+    assert "remove 2 finished jobs (failed: 2) older than 7d? [y/N]" in printed
+    assert code == 1 and "nothing removed" in printed
+    assert query(url, "SELECT count(*) FROM worker.jobs") == [(2,)]
+    code, printed = _prune_on_a_terminal(env, "y\n", "--older-than", "7d")
+    assert code == 0 and "removed 2 finished jobs" in printed
+    insert_job(url, status="failed", finished_at="sql:now() - interval '10 days'")
+    code, printed = _prune_on_a_terminal(env, "", "--older-than", "7d", "--yes")
+    assert code == 0 and "?" not in printed and "removed 1 finished jobs" in printed
+    assert query(url, "SELECT count(*) FROM worker.jobs") == [(0,)]
+
+
 # -- the other verbs ---------------------------------------------------------------------------
 
 
@@ -421,7 +567,7 @@ def test_enqueue_cancel_resume_round_trip(env, database_url, processes, worker_c
     assert "resumed" in worker_cli("resume", asked.id, "--answer", '{"ok": true}').stdout
     assert asked.wait_sync(timeout=30) == {"answer": {"ok": True}}
     assert "not paused" in worker_cli("resume", asked.id, code=1).stderr
-    assert "not valid JSON" in worker_cli("resume", asked.id, "--answer", "{no", code=1).stderr
+    assert "not valid JSON" in worker_cli("resume", asked.id, "--answer", "{no", code=2).stderr
     result = worker_cli(
         "enqueue", "add", "--payload", '{"a": 1, "b": 1}', "--wait", "--timeout", "30"
     )
@@ -431,7 +577,14 @@ def test_enqueue_cancel_resume_round_trip(env, database_url, processes, worker_c
 def test_migrate_creates_the_schema_and_prints_sql(empty_database_url, monkeypatch, worker_cli):
     monkeypatch.setenv("DATABASE_URL", empty_database_url)
     get_settings.cache_clear()
-    assert "up to date" in worker_cli("migrate").stdout
+    lines = worker_cli("migrate").stdout.strip().splitlines()
+    assert all(len(line.split(": ", 1)[1]) > 3 for line in lines[:-1])  # each with its title
+    assert [line.split(":")[0] for line in lines[:-1]] == [
+        f"applied {n:04d}" for n in range(1, len(lines))
+    ]
+    head = lines[-2].split()[1].rstrip(":")
+    assert lines[-1] == f"schema is up to date at {head}"
+    assert worker_cli("migrate").stdout.strip() == f"already up to date at {head}"
     assert query(empty_database_url, "SELECT to_regclass('worker.queue_stats')::text") == [
         ("worker.queue_stats",)
     ]
@@ -490,6 +643,48 @@ def test_errors_are_one_red_line_with_the_right_exit_code(empty_database_url, en
         assert stderr.count("\n") == 1 and stderr.startswith("error: "), (args, stderr)
         assert message in stderr, (args, stderr)
         assert "s3cret" not in stderr and stdout == ""
+
+
+BROKEN_MODULES = {
+    "bad_syntax": ("x = 1\ndef f(:\n    pass\n", ":2: SyntaxError: invalid syntax"),
+    "raises_at_import": (
+        "import os\n\nraise RuntimeError('no API key\\nsecond line')\n",
+        ":3: RuntimeError: no API key",
+    ),
+    "imports_a_missing_module": (
+        "import no_such_dependency_zz\n",
+        ":1: ModuleNotFoundError: No module named 'no_such_dependency_zz'",
+    ),
+}
+
+
+@pytest.mark.parametrize("command", ["run", "schedule"])
+def test_a_task_module_that_fails_to_import_is_one_line_with_its_file_and_line(
+    env, tmp_path, command
+):
+    for name, (source, _) in BROKEN_MODULES.items():
+        (tmp_path / f"{name}.py").write_text(source)
+    procs = {
+        name: subprocess.Popen(
+            [sys.executable, "-m", "worker", command, name],
+            env=env,
+            cwd=tmp_path,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for name in [*BROKEN_MODULES, "no_such_module_zz"]
+    }
+    for name, proc in procs.items():
+        _, stderr = proc.communicate(timeout=120)
+        assert proc.returncode == 2, (name, stderr)
+        assert stderr.count("\n") == 1 and "Traceback" not in stderr, (name, stderr)
+        assert stderr.startswith(f"error: cannot import task module {name!r}: "), stderr
+        if name in BROKEN_MODULES:
+            where = str(tmp_path / f"{name}.py") + BROKEN_MODULES[name][1]
+            assert where in stderr, (name, stderr)
+        else:
+            assert "No module named 'no_such_module_zz'" in stderr
 
 
 # -- tables on a standard terminal --------------------------------------------------------------

@@ -481,7 +481,7 @@ def test_cli_enqueue_refuses_bad_json_in_one_line(env, database_url):
         ("[1, 2]", "payload must be a JSON object"),
     ]:
         done = cli(env, "enqueue", "add", "--payload", payload)
-        assert done.returncode == 1
+        assert done.returncode == 2
         assert done.stdout == ""
         assert len(done.stderr.strip().splitlines()) == 1, done.stderr
         assert done.stderr.startswith("error: ") and message in done.stderr

@@ -119,7 +119,7 @@ def test_task_name_of_ten_thousand_characters_is_refused_everywhere(database_url
     with pytest.raises(psycopg.errors.CheckViolation, match="jobs_task_name_length"):
         query(database_url, "INSERT INTO worker.jobs (task) VALUES (%s)", (name,))
     proc = cli("enqueue", name, env=env)
-    assert proc.returncode == 1
+    assert proc.returncode == 2
     assert "task name must be a string of 1 to 255 characters" in one_error_line(proc)
     assert query(database_url, "SELECT count(*) FROM worker.jobs") == [(0,)]
 

@@ -117,6 +117,46 @@ def test_rescue_and_reconnect_are_logged_as_events(env, database_url, processes)
     assert Client(database_url).enqueue("add", {"a": 2, "b": 2}).wait_sync(timeout=30) == 4
 
 
+@pytest.mark.parametrize("log_format", ["json", "text"])
+def test_a_retry_and_a_failure_log_line_say_why_with_the_exception_type(
+    env, database_url, processes: Processes, log_format: str
+):
+    proc = processes.worker(env, "testtasks", extra={"WORKER_LOG_FORMAT": log_format})
+    client = Client(database_url)
+    doomed = client.enqueue("always_fails", {"key": "why"}, max_retries=1)
+    wait_for(lambda: doomed.refresh().status == "failed", timeout=30, message="failed")
+    why = "RuntimeError: this task always fails"
+
+    def outcome_lines() -> list[str]:
+        return [
+            line
+            for line in processes.log(proc).splitlines()
+            if doomed.id in line and ("back to pending" in line or " failed after " in line)
+        ]
+
+    requeued, failed = wait_for(
+        lambda: outcome_lines() if len(outcome_lines()) == 2 else None,
+        timeout=30,
+        message="the retry's and the failure's lines",
+    )
+    if log_format == "text":
+        assert requeued.endswith(f"(queue default, retries 1): {why}"), requeued
+        assert failed.endswith(f"): {why}") and " failed after " in failed, failed
+        return
+    entries = [json.loads(requeued), json.loads(failed)]
+    assert [e["event"] for e in entries] == ["job.requeued", "job.failed"]
+    for entry in entries:
+        assert entry["error"] == why and entry["message"].endswith(f": {why}")
+    done = client.enqueue("add", {"a": 1, "b": 1})
+    done.wait_sync(timeout=30)
+    (completed,) = wait_for(
+        lambda: [e for e in json_lines(processes, proc) if e.get("event") == "job.completed"],
+        timeout=30,
+        message="the completed line",
+    )
+    assert completed["job_id"] == done.id and "error" not in completed
+
+
 @pytest.fixture
 def worker_logger(capsys: pytest.CaptureFixture[str]) -> Iterator[logging.Logger]:
     root, base = logging.getLogger("worker"), logging.getLogger()

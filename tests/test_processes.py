@@ -365,3 +365,16 @@ def test_a_process_that_ignores_sigterm_is_killed_after_the_stop_timeout(
     assert sup.run() == 1
     assert any("still runs 1 s after SIGTERM: killing it" in line for line in supervisor_lines)
     assert any(line.endswith("was killed by SIGKILL") for line in supervisor_lines)
+
+
+def test_burst_with_several_processes_exits_0_once_each_found_nothing(
+    env, database_url, processes: Processes
+):
+    client = Client(database_url)
+    jobs = [client.enqueue("add", {"a": n, "b": 1}) for n in range(40)]
+    proc = processes.worker(env, "testtasks", args=("--burst", "--processes", "2"))
+    assert proc.wait(timeout=180) == 0, processes.log(proc)
+    assert {job.refresh().status for job in jobs} == {"completed"}
+    log = processes.log(proc)
+    assert log.count("no due job left in its queues (burst)") == 2, log
+    assert "starting again" not in log

@@ -414,8 +414,8 @@ def test_cancelling_a_finished_job_is_a_no_op_that_says_so(env, database_url, pr
     job.wait_sync(timeout=30)
     assert client.cancel(job.job_id) == JobStatus.COMPLETED
     result = cli(env, "cancel", job.job_id)
-    assert result.returncode == 0, result.stderr
-    assert f"job {job.job_id} already completed: nothing to cancel" in result.stdout
+    assert result.returncode == 1, result.stderr
+    assert f"job {job.job_id} is already completed: nothing to cancel" in result.stderr
     row = job_row(database_url, job.job_id)
     assert (row["status"], row["result"], row["cancel_requested"]) == ("completed", {"n": 3}, False)
     with pytest.raises(JobNotFound):

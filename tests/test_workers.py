@@ -271,3 +271,37 @@ def test_job_cancelled_while_claimed_ahead_never_runs(database_url, monkeypatch,
 
     asyncio.run(main())
     assert ran == [f"warm-up {i}" for i in range(3)]
+
+
+# -- burst ---------------------------------------------------------------------------------
+
+
+def test_burst_drains_the_due_jobs_and_exits_0_leaving_jobs_due_later(
+    env, database_url, processes: Processes
+):
+    client = Client(database_url)
+    jobs = [client.enqueue("add", {"a": n, "b": 1}) for n in range(30)]
+    later = client.enqueue("add", {"a": 0, "b": 0}, delay=3600)
+    proc = processes.worker(env, "testtasks", args=("--burst",))
+    assert proc.wait(timeout=120) == 0, processes.log(proc)
+    assert [job.refresh().status for job in jobs] == [JobStatus.COMPLETED] * len(jobs)
+    assert [job.result for job in jobs] == [n + 1 for n in range(30)]
+    assert later.refresh().status == JobStatus.PENDING
+    assert "no due job left in its queues (burst)" in processes.log(proc)
+    assert query(database_url, "SELECT count(*) FROM worker.workers") == [(0,)]
+
+
+def test_burst_on_an_empty_queue_exits_0_at_once(env, processes: Processes):
+    proc = processes.worker(env, "testtasks", args=("--burst",))
+    started = time.monotonic()
+    assert proc.wait(timeout=60) == 0, processes.log(proc)
+    # Idle polling backs off to WORKER_POLL_MAX: a worker waiting for work would still run.
+    assert time.monotonic() - started < 30
+
+
+def test_burst_waits_for_its_own_running_jobs_to_end(env, database_url, processes: Processes):
+    client = Client(database_url)
+    slow = client.enqueue("counted", {"second_sleep": 1})
+    proc = processes.worker(env, "testtasks", args=("--burst",))
+    assert proc.wait(timeout=120) == 0, processes.log(proc)
+    assert slow.refresh().status == JobStatus.COMPLETED

@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 import typer
 
-from worker.cli.errors import CliError
+from worker.cli.errors import UsageError
 from worker.cli.options import parse_age, parse_job_id, parse_json
 from worker.cli.output import ago, span, styled, summary
 
@@ -45,15 +45,31 @@ def test_a_job_id_is_read_in_any_uuid_spelling_and_printed_canonically() -> None
     assert parse_job_id(None) is None
 
 
-@pytest.mark.parametrize("text", ["nope", "42", "", "0b0e3c5e-2f4a-4c1e-9d3b"])
-def test_a_job_id_that_is_not_a_uuid_is_a_usage_error(text: str) -> None:
+@pytest.mark.parametrize(
+    ("text", "read"),
+    [
+        ("0b0e3c5e", "0b0e3c5e"),
+        ("0B0E3C5E-2f4a-4c1e-9d3b", "0b0e3c5e2f4a4c1e9d3b"),
+        ("…2e3d4c5b", "…2e3d4c5b"),
+        ("...6a1f-2e3d4c5b", "…6a1f2e3d4c5b"),
+        ("4c5b", "4c5b"),
+    ],
+)
+def test_the_start_or_the_end_of_a_job_id_is_read_for_a_lookup(text: str, read: str) -> None:
+    assert parse_job_id(text) == read
+
+
+@pytest.mark.parametrize(
+    "text", ["nope", "42", "", "…abc", "0b0e3c5e-2f4a-4c1e-9d3b-6a1f2e3d4c5b0"]
+)
+def test_a_job_id_that_is_not_a_uuid_nor_a_part_of_one_is_a_usage_error(text: str) -> None:
     with pytest.raises(typer.BadParameter, match="is not a job id"):
         parse_job_id(text)
 
 
 def test_json_options_parse_and_bad_json_says_where_it_breaks() -> None:
     assert parse_json('{"to": "ada"}', "--payload") == {"to": "ada"}
-    with pytest.raises(CliError, match=r"--payload is not valid JSON: .* at position 1"):
+    with pytest.raises(UsageError, match=r"--payload is not valid JSON: .* at position 1"):
         parse_json("{nope", "--payload")
 
 

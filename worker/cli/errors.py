@@ -1,7 +1,9 @@
 """How the CLI fails: one red line and an exit code (1, or 2 for bad settings and usage).
 
 Every command is wrapped in `friendly`, which turns each failure an operator can act on (an
-unreachable database, a missing schema, a refused value, an unknown job) into that line. What
+unreachable database, a missing schema, a refused value, an unknown job) into that line. A
+value the command line gave that is refused (by the client's checks, or out of range) is a
+usage error, exit code 2, like one Typer refuses while parsing. What
 this does not do: an unexpected error keeps its traceback, since it is a defect to report.
 """
 
@@ -23,6 +25,10 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 class CliError(Exception):
     """An error the user can act on: printed as one line, exit code 1."""
+
+
+class UsageError(CliError):
+    """A value given on the command line that a command refuses: one line, exit code 2."""
 
 
 def fail(message: str, code: int = 1) -> typer.Exit:
@@ -47,17 +53,14 @@ def friendly(fn: F) -> F:
             return fn(*args, **kwargs)
         except SettingsError as exc:
             raise fail(str(exc), 2) from None
-        except (
-            CliError,
-            InvalidJob,
-            InvalidTransition,
-            JobNotFound,
-            EmbeddedServerError,
-            ValueError,
-        ) as exc:
+        except UsageError as exc:
+            raise fail(str(exc), 2) from None
+        except (CliError, InvalidTransition, JobNotFound, EmbeddedServerError) as exc:
             raise fail(scrub(str(exc))) from None
+        except (InvalidJob, ValueError) as exc:  # a value given on the command line, refused
+            raise fail(scrub(str(exc)), 2) from None
         except OverflowError as exc:  # a date or duration past what can be represented
-            raise fail(f"out of range: {exc}") from None
+            raise fail(f"out of range: {exc}", 2) from None
         except (psycopg.OperationalError, sqlalchemy.exc.OperationalError) as exc:
             raise fail(f"cannot reach the database: {first_line(exc)}") from None
         except (psycopg.DataError, sqlalchemy.exc.DataError) as exc:

@@ -15,6 +15,7 @@ from rich.table import Table
 from rich.text import Text
 
 from worker.cli.errors import fail
+from worker.cli.lookup import resolve_job_id
 from worker.cli.options import AsJson, JobId, Retryable, parse_age, parse_job_id, parse_json
 from worker.cli.output import (
     Column,
@@ -34,6 +35,7 @@ from worker.db import admin
 from worker.models import JobStatus
 
 BATCH = 1000  # rows per statement in bulk retry and prune: short locks, steady progress
+MAX_PAGE = 10**12  # a page past it would skip more rows than a bigint OFFSET counts
 
 
 def enqueue(
@@ -83,14 +85,21 @@ def enqueue(
 
 
 def cancel(job_id: JobId) -> None:
-    """Cancel a job (cooperatively, if it is running).
+    """Cancel a job (cooperatively, if it is running). A job that has already ended is left as
+    it is: an error naming its status (exit code 1), as for retrying or resuming a job in a
+    status that does not allow it.
 
     Example: worker cancel 0b0e3c5e-...
     """
-    status = client().cancel(job_id)
-    if status.is_terminal and status != JobStatus.CANCELLED:
-        out.print(f"job {job_id} already {status}: nothing to cancel")
-    elif status == JobStatus.CANCELLED:
+    job_id = resolve_job_id(job_id)
+    # Read first: the cancel itself reports a job cancelled before as one it cancels now.
+    before = ask(lambda conn: admin.job_status(conn, job_id))
+    if before is None:
+        raise fail(f"no job {job_id}")
+    status = before if before.is_terminal else client().cancel(job_id)
+    if before.is_terminal or (status.is_terminal and status != JobStatus.CANCELLED):
+        raise fail(f"job {job_id} is already {status}: nothing to cancel")
+    if status == JobStatus.CANCELLED:
         out.print(f"job {job_id} cancelled")
     else:
         out.print(f"job {job_id} is {status}: cancel requested, it stops at its next boundary")
@@ -104,7 +113,8 @@ def resume(
 
     Example: worker resume 0b0e3c5e-... --answer '{"approved": true}'
     """
-    job = client().resume(job_id, parse_json(answer, "--answer"))
+    answer_json = parse_json(answer, "--answer")
+    job = client().resume(resolve_job_id(job_id), answer_json)
     out.print(f"job {job.job_id} resumed: {job.status}")
 
 
@@ -135,7 +145,7 @@ def retry(
                 "give either a job id or --all (with its filters), not both",
                 param_hint="'JOB_ID' / '--all'",
             )
-        job = client().retry(job_id)
+        job = client().retry(resolve_job_id(job_id))
         out.print(f"job {job.job_id} is {job.status} again")
         return
     if not all_jobs:
@@ -180,6 +190,7 @@ def show(
 
     Example: worker show 0b0e3c5e-2f4a-4c1e-9d3b-6a1f2e3d4c5b --json
     """
+    job_id = resolve_job_id(job_id)
     job = client().get(job_id)
     recent = ask(lambda conn: admin.last_events(conn, job_id, events))
     # The limit the claim applies (`sql.CLAIM`): the job's own, else its task's as its workers
@@ -249,7 +260,7 @@ def jobs(
         str | None, typer.Option(help="Created within this: 30s, 15m, 12h, 7d, 2w.")
     ] = None,
     limit: Annotated[int, typer.Option(min=1, max=1000, help="Jobs per page.")] = 20,
-    page: Annotated[int, typer.Option(min=1, help="Page number, from 1.")] = 1,
+    page: Annotated[int, typer.Option(min=1, max=MAX_PAGE, help="Page number, from 1.")] = 1,
     as_json: AsJson = False,
 ) -> None:
     """List jobs, newest first, filtered by status, queue, task and age; one page at a time.

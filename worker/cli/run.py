@@ -16,6 +16,7 @@ import os
 import signal
 import sys
 import threading
+import traceback
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -48,6 +49,15 @@ def run(
             "for CPU-bound tasks on a machine given to the worker.",
         ),
     ] = None,
+    burst: Annotated[
+        bool,
+        typer.Option(
+            "--burst",
+            help="Exit (code 0) once its queues have no due job and its own jobs have ended: "
+            "for cron and CI. Jobs due later (run_at in the future, a retry's backoff) do not "
+            "keep it running. With --processes N, each process exits when it finds nothing.",
+        ),
+    ] = False,
     migrate: Annotated[bool, typer.Option(help="Apply migrations before starting.")] = False,
     connect_timeout: Annotated[
         float | None,
@@ -60,7 +70,7 @@ def run(
     ] = None,
     supervisor_pid: Annotated[int | None, typer.Option(hidden=True)] = None,
 ) -> None:
-    """Run the worker daemon until SIGTERM or Ctrl-C.
+    """Run the worker daemon until SIGTERM or Ctrl-C (with --burst: until nothing is due).
 
     Example: worker run myapp.tasks --queues default,emails --concurrency 20 --processes 2
     """
@@ -94,8 +104,8 @@ def run(
         raise CliError(str(exc)) from None
     ensure_schema(database, migrate=migrate)
     if s.processes > 1:
-        raise typer.Exit(supervise(modules, s))
-    worker = Worker(database, s)
+        raise typer.Exit(supervise(modules, s, burst=burst))
+    worker = Worker(database, s, burst=burst)
     server = serve_metrics(worker, database, s) if s.metrics_port is not None else None
 
     async def main() -> None:
@@ -128,13 +138,14 @@ def run(
         os._exit(0)
 
 
-def supervise(modules: list[str], s: Settings) -> int:
+def supervise(modules: list[str], s: Settings, *, burst: bool = False) -> int:
     """Start `s.processes` children, each this command as one process, and keep them running
-    until SIGTERM or Ctrl-C; the exit code of the whole."""
+    until SIGTERM or Ctrl-C (with `burst`: until each has exited); the exit code of the
+    whole."""
     from worker.daemon.supervisor import STOP_MARGIN, Supervisor, usable_cpus
 
     command = [sys.executable, "-m", "worker", "run", *modules]
-    command += ["--supervisor-pid", str(os.getpid())]
+    command += ["--supervisor-pid", str(os.getpid()), *(["--burst"] if burst else [])]
     # The options given here reach the children as settings; the schema is checked already.
     # A child is pinned by the supervisor as it starts, not by itself.
     base = {
@@ -153,7 +164,7 @@ def supervise(modules: list[str], s: Settings) -> int:
     stop_timeout = s.shutdown_grace + STOP_MARGIN
     cpus = usable_cpus() if s.pin_cpus else None
     return Supervisor(
-        command, s.processes, env_for=env_for, stop_timeout=stop_timeout, cpus=cpus
+        command, s.processes, env_for=env_for, stop_timeout=stop_timeout, cpus=cpus, burst=burst
     ).run()
 
 
@@ -170,13 +181,36 @@ def pin_alone() -> None:
 
 
 def import_task_modules(modules: list[str]) -> None:
-    """Import the modules defining tasks, from the current directory too."""
+    """Import the modules defining tasks, from the current directory too. A module that
+    cannot be imported (missing, or raising as it is imported: a syntax error, a bad import,
+    any exception) is a usage error: one line naming the file and line, exit code 2."""
     sys.path.insert(0, os.getcwd())
     for name in modules:
         try:
             importlib.import_module(name)
-        except ImportError as exc:
-            raise CliError(f"cannot import task module {name!r}: {exc}") from None
+        except Exception as exc:
+            raise fail(f"cannot import task module {name!r}: {import_failure(exc)}", 2) from None
+
+
+def import_failure(exc: BaseException) -> str:
+    """Why an import failed, in one line: where (file:line) and the exception's first line."""
+    from worker.logs import first_line
+
+    if isinstance(exc, SyntaxError):  # its own place: the traceback ends in the import system
+        where, what = f"{exc.filename}:{exc.lineno}", f"{type(exc).__name__}: {exc.msg}"
+    else:
+        called = traceback.extract_tb(exc.__traceback__)[1:]  # below the importing call
+        frames = [f for f in called if _user_frame(f.filename)]
+        where = f"{frames[-1].filename}:{frames[-1].lineno}" if frames else ""
+        what = f"{type(exc).__name__}: {first_line(exc)}"
+    if not where:
+        return what
+    return f"{where}: {what}"
+
+
+def _user_frame(filename: str) -> bool:
+    """A frame of the imported code, not of the import machinery."""
+    return not filename.startswith("<frozen ") and "importlib" not in filename
 
 
 def serve_metrics(worker: Any, database: str, s: Settings) -> MetricsServer:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from uuid import UUID
 
 import psycopg
@@ -94,6 +95,8 @@ class Completer:
             batch, answers = [], []
         for item, answer in zip(batch, answers, strict=True):
             if isinstance(answer, RecordedOutcome):
+                if item.outcome.error is not None:
+                    answer = replace(answer, error=item.outcome.error)
                 recorded.append(answer)
                 # The events reporting an outcome go out once it is written; those of an
                 # outcome refused (the job is no longer ours) never do.

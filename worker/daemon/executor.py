@@ -208,7 +208,8 @@ class Executor:
             log.warning("%s", exc, extra=fields("job.lost", job_id=ctx.job_id))
             return Outcome(OutcomeKind.RETRY, error=str(exc))  # the guarded outcome write skips it
         except TaskTimeout as exc:
-            return entry.retries.outcome(exc, ctx.job.retry_count, str(exc))
+            error = f"{type(exc).__name__}: {exc}"  # named like any other exception's
+            return entry.retries.outcome(exc, ctx.job.retry_count, error)
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}\n" + traceback.format_exc(limit=30)
             return entry.retries.outcome(exc, ctx.job.retry_count, error)

@@ -12,7 +12,9 @@ The loop is a small state machine (`State`, its moves in `_MOVES`): it is claimi
 for news or the next poll, full (no slot free), holding jobs claimed ahead, handing them
 back, or stopped. It wakes at once on NOTIFY (a job inserted, a job resumed) and, when idle,
 polls with exponential backoff from `WORKER_POLL_MIN` up to `WORKER_POLL_MAX`: notifications
-are an optimisation, polling alone drains the queue.
+are an optimisation, polling alone drains the queue. In burst mode a claim that finds no due
+job while the worker holds none (none running, claimed ahead or with an outcome unwritten)
+stops the worker: it goes from claiming to stopped.
 
 What this does not do: it does not run jobs (`executor`) nor write their outcomes
 (`completer`); it hands each finished attempt's outcome to `hand_over`.
@@ -137,6 +139,7 @@ class LocalQueue:
         patience: Patience,
         stopping: Callable[[], bool],
         hand_over: Callable[[ClaimedJob, Outcome], None],
+        drained: Callable[[], None] | None = None,
     ) -> None:
         self._driver = driver
         self._id = worker_id
@@ -146,6 +149,9 @@ class LocalQueue:
         self._patience = patience
         self._stopping = stopping
         self._hand_over = hand_over
+        # Burst mode (`worker run --burst`): called once a claim finds no due job while this
+        # worker holds none and has no outcome left to write; it stops the worker.
+        self._drained = drained
         self.executor: Executor  # set by the worker, which makes both
         self.state = State.WAITING
         self.notified = asyncio.Event()  # news for the claim loop: look now
@@ -223,6 +229,9 @@ class LocalQueue:
                 continue  # there may be more: claim again as soon as a slot frees
             if jobs:
                 delay = s.poll_min
+            elif self._drained is not None and not self.held and not self.unwritten:
+                self._drained()  # burst: nothing due, nothing of ours in flight
+                continue
             log.debug("idle: next poll in %.3f s", delay)
             self._enter(State.WAITING)
             await _wait_until_set(self.notified, delay)

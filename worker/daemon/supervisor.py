@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import signal
 import subprocess
@@ -120,8 +121,13 @@ class Supervisor:
         env_for: Callable[[int], Mapping[str, str]],
         stop_timeout: float,
         cpus: Sequence[int] | None = None,
+        burst: bool = False,
     ) -> None:
         self.command = list(command)
+        # Burst mode: a child that exits is not started again; the supervisor ends when all
+        # have, 0 if each exited 0.
+        self.burst = burst
+        self.ended: dict[int, int] = {}  # burst: each ended child's exit code, by slot
         self.cpus = cpus
         self.count = count
         self.env_for = env_for
@@ -152,10 +158,11 @@ class Supervisor:
             )
             for child in self.children:
                 self._start(child)
-            while not self._stopping:
+            while not self._stopping and len(self.ended) < self.count:
                 self._look()
                 time.sleep(TICK)
-            return self._stop_all()
+            clean = self._stop_all() == 0
+            return 0 if clean and not any(self.ended.values()) else 1
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
@@ -188,6 +195,13 @@ class Supervisor:
                 continue
             returncode = child.proc.poll()
             if returncode is None:
+                continue
+            if self.burst:
+                self._exited(
+                    child, returncode, logging.INFO if returncode == 0 else logging.WARNING
+                )
+                child.proc, child.restart_at = None, math.inf
+                self.ended[child.slot] = returncode
                 continue
             if now - child.started_at >= STEADY_SECONDS:
                 child.backoff.reset()

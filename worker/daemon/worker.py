@@ -41,7 +41,7 @@ from worker.db.driver import Closable, Driver, RecordedOutcome, Registration
 from worker.db.errors import TRANSIENT, describe
 from worker.db.postgres import PostgresDriver
 from worker.events import PostgresBus, ProgressBus
-from worker.logs import fields
+from worker.logs import fields, first_line
 from worker.middleware import MIDDLEWARE
 from worker.models import JobStatus
 from worker.schedules import SCHEDULES
@@ -78,6 +78,7 @@ class Worker:
         driver: Driver | None = None,
         middleware: Sequence[object] = MIDDLEWARE,
         schedules: bool = True,
+        burst: bool = False,
     ) -> None:
         self.url = url
         self.settings = settings
@@ -106,6 +107,7 @@ class Worker:
             self._patience,
             self._stop.is_set,
             self._completer.add,
+            drained=self._drained if burst else None,
         )
         self._executor = Executor(
             registry, settings, self, self._local.finished, self._local.freed, middleware
@@ -146,6 +148,15 @@ class Worker:
             )
         self._stop.set()
         self._local.wake()
+
+    def _drained(self) -> None:
+        """Burst mode: no due job is left in its queues and none of its jobs runs: stop."""
+        log.info(
+            "worker %s: no due job left in its queues (burst)",
+            self.id,
+            extra=fields("worker.drained", worker_id=self.id),
+        )
+        self.request_stop()
 
     async def run(self) -> None:
         registration = Registration(
@@ -288,14 +299,22 @@ class Worker:
         for row in rows:
             # A job back to pending is a retry after a failed attempt, or a snooze.
             again = row.status == JobStatus.PENDING
+            # A retry's or a failure's line says why: its error's first line (for an exception,
+            # its type and message), cut from the text only here, where it is logged.
+            why = (
+                first_line(row.error)
+                if row.error is not None and (again or row.status == JobStatus.FAILED)
+                else None
+            )
             job_log.info(
-                "job %s (%s) %s after %.3f s (queue %s, retries %d)",
+                "job %s (%s) %s after %.3f s (queue %s, retries %d)%s",
                 row.id,
                 row.task,
                 "back to pending" if again else row.status,
                 row.duration or 0.0,
                 row.queue,
                 row.retry_count,
+                f": {why}" if why else "",
                 extra=fields(
                     "job.requeued" if again else f"job.{row.status}",
                     job_id=row.id,
@@ -304,5 +323,6 @@ class Worker:
                     status=row.status,
                     duration=round(float(row.duration or 0.0), 6),
                     retry_count=row.retry_count,
+                    **({"error": why} if why else {}),
                 ),
             )

@@ -253,6 +253,20 @@ async def job_status(conn: Conn, job_id: str) -> JobStatus | None:
     return None if row is None else JobStatus(row[0])
 
 
+async def ids_beginning(conn: Conn, digits: str, limit: int) -> list[str]:
+    """Up to `limit` ids (canonical text, in order) that begin with these hex digits."""
+    lower, upper = (UUID(digits.ljust(32, pad)) for pad in "0f")
+    params = {"lower": lower, "upper": upper, "limit": limit}
+    return [row[0] for row in await (await conn.execute(sql.JOBS_BY_ID_PREFIX, params)).fetchall()]
+
+
+async def ids_ending(conn: Conn, digits: str, limit: int) -> list[str]:
+    """Up to `limit` ids (canonical text, in order) that end with these hex digits: this reads
+    the whole table (see `sql.JOBS_BY_ID_SUFFIX`)."""
+    params = {"pattern": "%" + digits, "limit": limit}
+    return [row[0] for row in await (await conn.execute(sql.JOBS_BY_ID_SUFFIX, params)).fetchall()]
+
+
 async def last_events(conn: Conn, job_id: str, limit: int) -> list[EventRow]:
     """The job's newest `limit` events, oldest first."""
     rows = await _rows(conn, EventRow, sql.LAST_EVENTS, {"job_id": job_id, "limit": limit})
@@ -267,6 +281,14 @@ async def health(conn: Conn) -> bool:
     """Whether the database answers and holds the worker schema."""
     row = await (await conn.execute(sql.HEALTH)).fetchone()
     return bool(row and row[0])
+
+
+async def schema_revision(conn: Conn) -> str | None:
+    """The migration the schema is at (None: not migrated at all)."""
+    if not await _count(conn, sql.HAS_VERSION_TABLE):
+        return None
+    row = await (await conn.execute(sql.SCHEMA_REVISION)).fetchone()
+    return None if row is None else str(row[0])
 
 
 async def job_stats(conn: Conn) -> list[StatusCount]:
@@ -320,9 +342,10 @@ def _prune_params(before: datetime, batch: int = 0) -> dict[str, Any]:
     return {"statuses": statuses, "before": before, "batch": batch}
 
 
-async def count_prunable(conn: Conn, before: datetime) -> int:
-    """How many finished jobs finished before `before`."""
-    return await _count(conn, sql.COUNT_PRUNABLE, _prune_params(before))
+async def count_prunable(conn: Conn, before: datetime) -> dict[JobStatus, int]:
+    """How many finished jobs finished before `before`, per status (none: no entry)."""
+    rows = await (await conn.execute(sql.COUNT_PRUNABLE, _prune_params(before))).fetchall()
+    return {JobStatus(status): int(jobs) for status, jobs in rows}
 
 
 async def prune_batch(conn: Conn, before: datetime, batch: int) -> int:

@@ -103,6 +103,9 @@ class RecordedOutcome:
     queue: str
     retry_count: int
     duration: float | None  # seconds since the attempt started
+    # The attempt's error as written (set by the completer, which has it at hand): the log
+    # line of a retry or a failure names it.
+    error: str | None = None
 
 
 @dataclass

@@ -27,6 +27,23 @@ def upgrade(url: str, revision: str = "head") -> None:
     command.upgrade(alembic_config(url), revision)
 
 
+def revisions_after(revision: str | None) -> list[tuple[str, str]]:
+    """The migrations `upgrade` applies to a schema at `revision` (None: none yet), oldest
+    first, as (id, title)."""
+    from alembic.script import ScriptDirectory
+
+    scripts = ScriptDirectory.from_config(alembic_config())
+    newer = scripts.iterate_revisions("heads", revision or "base")
+    return [(s.revision, (s.doc or "").strip()) for s in reversed(list(newer))]
+
+
+def head() -> str:
+    """The newest migration's id."""
+    from alembic.script import ScriptDirectory
+
+    return str(ScriptDirectory.from_config(alembic_config()).get_current_head())
+
+
 def downgrade(url: str, revision: str = "base") -> None:
     command.downgrade(alembic_config(url), revision)
 

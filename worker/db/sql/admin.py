@@ -18,6 +18,10 @@ FROM worker.jobs GROUP BY queue, status ORDER BY queue, status
 # The health check: the database answers and holds the worker schema.
 HEALTH = "SELECT to_regclass('worker.jobs') IS NOT NULL AS has_schema"
 
+# Read-only: whether Alembic's version table exists yet, then the revision it records.
+HAS_VERSION_TABLE = "SELECT to_regclass('worker.alembic_version') IS NOT NULL"
+SCHEMA_REVISION = "SELECT version_num FROM worker.alembic_version"
+
 # -- operators' tools (the `worker` CLI, metrics) -----------------------------------------
 
 # Read-only. Newest first; a NULL parameter skips its filter; ages are seconds before now()
@@ -37,6 +41,21 @@ WHERE (%(status)s::text IS NULL OR status = %(status)s::text)
        OR (created_at, id) < (%(before_at)s::timestamptz, %(before_id)s::uuid))
 ORDER BY created_at DESC, id DESC
 LIMIT %(limit)s OFFSET %(offset)s
+"""
+
+# Read-only: the jobs whose id begins with some hex digits, as the range of uuids that begin
+# with them (both ends given whole), so the primary key's index finds them in a few pages.
+JOBS_BY_ID_PREFIX = """
+SELECT id::text FROM worker.jobs WHERE id >= %(lower)s::uuid AND id <= %(upper)s::uuid
+ORDER BY id LIMIT %(limit)s
+"""
+
+# Read-only: the jobs whose id ends with some hex digits (the pattern is '%' and hex digits
+# only, so nothing in it is a wildcard). No index serves a suffix: this reads every row of
+# worker.jobs, so it costs what a sequential scan of the table costs.
+JOBS_BY_ID_SUFFIX = """
+SELECT id::text FROM worker.jobs WHERE replace(id::text, '-', '') LIKE %(pattern)s
+ORDER BY id LIMIT %(limit)s
 """
 
 # Read-only: the newest events of one job (job_events_job_idx), for `worker show`.
@@ -100,10 +119,12 @@ SELECT queue, count(*) AS moved, pg_notify('worker_jobs', queue) IS NULL AS _
 FROM moved GROUP BY queue
 """
 
-# Read-only: how many finished jobs a prune will delete (jobs_finished_idx), for its progress.
+# Read-only: how many finished jobs a prune will delete, per status (jobs_finished_idx), for
+# its dry run, its question and its progress.
 COUNT_PRUNABLE = """
-SELECT count(*) FROM worker.jobs
+SELECT status, count(*) FROM worker.jobs
 WHERE status = ANY(%(statuses)s::text[]) AND finished_at < %(before)s
+GROUP BY status ORDER BY status
 """
 
 # The lease the worker.stuck_jobs view applies in this transaction (it cannot read WORKER_*);
