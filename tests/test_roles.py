@@ -91,7 +91,7 @@ def test_client_role_may_enqueue_and_read_but_not_change_jobs(database_url, logi
     refused(
         url,
         sql.CLAIM,
-        claim_params(uuid.uuid4(), limit=1),
+        claim_params(uuid.uuid4(), ["echo"], limit=1),
     )
     refused(
         url,

@@ -445,6 +445,7 @@ def _claim_params(spec: ClaimSpec) -> dict[str, Any]:
     """The parameters every claim of `spec` passes, its lists as array literals."""
     return {
         "queues": array_literal(spec.queues),
+        "tasks": array_literal(spec.tasks),
         "worker_id": spec.worker_id,
         "default_max_retries": spec.default_max_retries,
         "pipelines": array_literal(spec.pipelines),
@@ -463,4 +464,6 @@ def _registration(r: Registration) -> dict[str, Any]:
         "pid": r.pid,
         "queues": r.queues,
         "concurrency": r.concurrency,
+        "tasks": r.tasks,
+        "lease_seconds": r.lease_seconds,
     }

@@ -45,6 +45,7 @@ from worker.db.sql.admin import (
     SET_LEASE,
     STUCK_BY_QUEUE,
     SUMMARY_BY_STATUS,
+    UNSERVED_TASKS,
 )
 from worker.db.sql.claim import (
     CLAIM,
@@ -139,4 +140,5 @@ __all__ = [
     "STAGE_WRITES",
     "STUCK_BY_QUEUE",
     "SUMMARY_BY_STATUS",
+    "UNSERVED_TASKS",
 ]
