@@ -10,9 +10,10 @@ Two places serve them:
 
 The database series are the same whichever process serves them; with several workers, take
 `max by (queue, status)` rather than `sum`. A worker's `task` label names only the tasks it
-has registered (its `worker.tasks.REGISTRY`); a job naming any other task, as anyone who can
-enqueue may write, is counted under `task="(unregistered)"`, so made-up names add no series.
-No counter has a `_created` series (the `prometheus_client` setting is turned off on import).
+has registered (its `worker.tasks.REGISTRY`), the only ones it claims. A job naming any other
+task, as anyone who can enqueue may write, waits and is counted by `..._jobs_unserved`, whose
+series are bounded (`UNSERVED_SERIES`). No counter has a `_created` series (the
+`prometheus_client` setting is turned off on import).
 
 Counting reads only live rows and the last hour (the `worker.queue_stats` view), never the
 finished history, so a scrape stays cheap on a table with millions of finished jobs. Terminal
