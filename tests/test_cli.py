@@ -428,6 +428,8 @@ def test_stats_reports_each_queue(database_url, worker_cli):
     }
     table = worker_cli("stats").stdout
     assert "emails" in table and "reports" in table and "2m" in table
+    # No worker runs: the pending jobs wait, by task.
+    assert "waiting: 3 of task 'add' in queue 'emails': no live worker runs the queue" in table
 
 
 def test_stats_on_an_idle_database_says_so(worker_cli):

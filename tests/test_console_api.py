@@ -182,6 +182,24 @@ def test_the_job_view_names_the_worker_holding_the_job(http, database_url):
     assert workers["lease_seconds"] > 0
 
 
+def test_the_console_names_the_tasks_whose_jobs_no_live_worker_can_run(http, database_url):
+    insert_job(database_url, "resze")
+    insert_job(database_url, "resze")
+    insert_job(database_url, "resize", queue="mail")
+    none_running = http.get("/console/unserved").json()
+    assert [
+        (t["queue"], t["task"], t["jobs"], t["queue_workers"]) for t in none_running["tasks"]
+    ] == [
+        ("default", "resze", 2, 0),
+        ("mail", "resize", 1, 0),
+    ]
+    assert none_running["tasks"][0]["oldest_created_at"] <= none_running["now"]
+    # A live worker of both queues that registered `resize`: the typo alone is left.
+    insert_worker(database_url, queues=("default", "mail"), tasks=("resize",))
+    (left,) = http.get("/console/unserved").json()["tasks"]
+    assert (left["task"], left["queue_workers"]) == ("resze", 1)
+
+
 def test_the_workers_publish_each_pipeline_s_stages_for_the_job_view(http, database_url):
     flow = Pipeline("console_flow")
 

@@ -154,6 +154,38 @@ def test_which_worker_holds_a_stuck_job(env, database_url, processes, tmp_path):
         expect(page.locator("#d-id")).to_have_text(stuck)
 
 
+def test_which_tasks_no_live_worker_can_run(env, database_url, processes, tmp_path):
+    from playwright.sync_api import expect
+
+    api = start_api(env, processes)
+    worker = processes.worker(env, "testtasks")
+    wait_for(
+        lambda: query(database_url, "SELECT count(*) FROM worker.workers")[0][0] == 1,
+        message="the worker to register",
+    )
+    # A typo in a plain-SQL enqueue, and a queue no worker runs.
+    query(database_url, "INSERT INTO worker.jobs (task, payload) VALUES ('resze', '{}')")
+    insert_job(database_url, "send", queue="mail")
+
+    with chromium_page() as page:
+        page.goto(api.base + "/")
+        notice = page.locator("#unserved")
+        expect(notice).to_be_visible(timeout=10_000)
+        expect(notice.locator('li[data-task="resze"]')).to_contain_text(
+            "1 pending, the oldest enqueued"
+        )
+        expect(notice.locator('li[data-task="resze"]')).to_contain_text(
+            "the one live worker of queue default did not register it"
+        )
+        expect(notice.locator('li[data-task="send"]')).to_contain_text(
+            "no live worker runs queue mail"
+        )
+        page.click("#view-workers")
+        expect(notice).to_be_visible()  # on every view
+        screenshot(page, tmp_path, "console-unserved")
+    assert worker.poll() is None
+
+
 def test_retry_every_failure_of_one_task_since_noon(env, database_url, processes, tmp_path):
     from playwright.sync_api import expect
 

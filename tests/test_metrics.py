@@ -84,6 +84,9 @@ def test_worker_serves_the_documented_series_after_jobs_ran(env, database_url, p
     assert value(m, "durable_worker_jobs_completed_last_minute", queue="default") == 3
     assert value(m, "durable_worker_workers") == 1
     assert value(m, "durable_worker_jobs_stuck", queue="default") is None
+    # No live worker serves the idle queue: its jobs are unserved, by task.
+    assert value(m, "durable_worker_jobs_unserved", queue="idle", task="add") == 2
+    assert value(m, "durable_worker_jobs_unserved", queue="default", task="add") is None
 
     # Counters grow with the work; the gauges follow the database.
     client.enqueue("add", {"a": 1, "b": 1}).wait_sync(timeout=30)
@@ -149,51 +152,38 @@ def test_metrics_report_an_unreachable_database_instead_of_failing():
     assert not [name for name, _ in m if name == "durable_worker_jobs"]
 
 
-def test_made_up_task_names_add_no_series_and_no_counter_has_a_created_series(
+def test_made_up_task_names_are_never_claimed_and_add_a_bounded_set_of_series(
     env, database_url, processes: Processes
 ):
-    """Anyone who may enqueue can name any task: those this worker has not registered are all
-    counted under one label, so three such POSTs leave the set of series as it was."""
+    """Anyone who may enqueue can name any task. A worker claims none it has not registered,
+    so its counters label its own tasks only; the unserved gauge names the tasks of the
+    `UNSERVED_SERIES` pairs with the most jobs and sums the rest of a queue's under one label."""
     port = free_port()
     processes.worker(env, "testtasks", extra={"WORKER_METRICS_PORT": str(port)})
     api = start_api(env, processes)
-
-    def post_made_up_tasks(n: int) -> None:
-        with api.client(headers=api.auth()) as http:
-            for _ in range(n):
-                task = f"made_up_{uuid.uuid4().hex}"
-                assert http.post("/jobs", json={"task": task}).status_code == 201
-
-    other = {"queue": "default", "task": metrics.UNREGISTERED_TASK}
-
-    def scrape_after(failed: int) -> Samples:
-        found = wait_for(
-            lambda: (
-                (s := scrape(port))
-                and value(s, "durable_worker_jobs_failed_total", **other) == failed
-                and value(s, "durable_worker_jobs", queue="default", status="processing") == 0
-                and value(s, "durable_worker_jobs", queue="default", status="pending") == 0
-                and s
-            ),
-            timeout=30,
-            message=f"{failed} unregistered jobs failed, none left, in the metrics",
-        )
-        assert isinstance(found, dict)
-        return found
-
+    made_up = [f"made_up_{uuid.uuid4().hex}" for _ in range(metrics.UNSERVED_SERIES + 5)]
+    with api.client(headers=api.auth()) as http:
+        for task in [made_up[0], *made_up]:  # the first twice: the most jobs
+            assert http.post("/jobs", json={"task": task}).status_code == 201
+    # The worker claims past them: a job enqueued after them runs.
     assert Client(database_url).enqueue("add", {"a": 1, "b": 1}).wait_sync(timeout=30) == 2
-    post_made_up_tasks(1)  # the first one brings the label every later one shares
-    before = scrape_after(1)
-    post_made_up_tasks(3)
-    after = scrape_after(4)
 
-    assert set(after) == set(before)
-    assert value(after, "durable_worker_jobs_claimed_total") == 5
-    assert value(after, "durable_worker_job_duration_seconds_count", **other) == 4
-    assert value(after, "durable_worker_jobs_completed_total", queue="default", task="add") == 1
-    tasks = {dict(labels).get("task") for _, labels in after} - {None}
-    assert tasks == {"add", metrics.UNREGISTERED_TASK}
+    m = wait_for(
+        lambda: (s := scrape(port)) and value(s, "durable_worker_jobs_claimed_total") == 1 and s,
+        timeout=30,
+        message="the one job claimed in the metrics",
+    )
+    assert isinstance(m, dict)
+    tasks = {dict(labels).get("task") for name, labels in m if "unserved" not in name} - {None}
+    assert tasks == {"add"}
+    unserved = {
+        dict(labels)["task"]: n for (name, labels), n in m.items() if name.endswith("_unserved")
+    }
+    assert unserved[made_up[0]] == 2
+    assert len(unserved) == metrics.UNSERVED_SERIES + 1
+    assert unserved[metrics.UNSERVED_OTHERS] == 5
+    assert sum(unserved.values()) == len(made_up) + 1
     with api.client() as http:
         served_by_api = parse(http.get("/metrics").text)
-    for samples in (after, served_by_api):
+    for samples in (m, served_by_api):
         assert samples and not [name for name, _ in samples if name.endswith("_created")]

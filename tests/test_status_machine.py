@@ -69,6 +69,8 @@ class JobLifecycle(RuleBasedStateMachine):
             pid=1,
             queues=["default"],
             concurrency=4,
+            tasks=["work"],
+            lease_seconds=15.0,
         )
 
     def row(self, job_id: uuid.UUID) -> tuple[Any, ...]:
@@ -117,6 +119,7 @@ class JobLifecycle(RuleBasedStateMachine):
             queues=["default"] if one_queue else ["default", "other"],
             limit=limit,
             worker_id=self.workers[worker],
+            tasks=["work"],
             default_max_retries=2,
             running=[],
             pipelines=["work"],  # as a pipeline, so the claim also starts its first stage

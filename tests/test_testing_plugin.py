@@ -140,6 +140,17 @@ def test_drain_runs_only_the_queues_it_is_given(database_url):
     assert client.get(default.job_id).status == JobStatus.PENDING
 
 
+def test_drain_leaves_a_job_of_a_task_not_registered_here_pending_and_does_not_wait_for_it(
+    database_url,
+):
+    client = Client(database_url)
+    typo = client.enqueue("plugin_ad", {"a": 1, "b": 1})
+    known = client.enqueue("plugin_add", {"a": 2, "b": 2})
+    assert [j.job_id for j in drain(url=database_url, timeout=5)] == [known.job_id]
+    left = client.get(typo.job_id)
+    assert (left.status, left.retry_count, left.error) == (JobStatus.PENDING, 0, None)
+
+
 def test_drain_returns_at_once_when_nothing_is_due(database_url):
     assert drain(url=database_url, timeout=2) == []
 

@@ -91,6 +91,39 @@ def test_stuck_jobs_are_processing_jobs_whose_worker_missed_its_lease(database_u
     assert ids == {orphan}
 
 
+def test_unserved_tasks_are_pending_jobs_no_live_worker_of_their_queue_registered(database_url):
+    url = database_url
+    # No worker at all: every pending job is listed, its queue with no live worker.
+    insert_job(url, task="resize", created_at="sql:now() - interval '1 hour'")
+    insert_job(url, task="resize")
+    insert_job(url, task="resze")  # a typo in a plain-SQL enqueue
+    insert_job(url, task="resize", queue="mail")
+    insert_job(url, task="send", queue="mail", status="processing")  # not pending: not listed
+    unserved = "SELECT queue, task, jobs, queue_workers FROM worker.unserved_tasks"
+    listed = f"{unserved} ORDER BY queue, task"
+    assert query(url, listed) == [
+        ("default", "resize", 2, 0),
+        ("default", "resze", 1, 0),
+        ("mail", "resize", 1, 0),
+    ]
+    ((oldest,),) = query(
+        url,
+        "SELECT oldest_created_at <= now() - interval '59 minutes' FROM worker.unserved_tasks "
+        "WHERE queue = 'default' AND task = 'resize'",
+    )
+    assert oldest
+
+    # A worker past its own lease is not live, whatever it registered.
+    insert_worker(url, "20 seconds", tasks=("resize", "resze"), lease_seconds=15)
+    assert len(query(url, listed)) == 3
+    # A live worker of the default queue serves resize there, not resze, and not in mail.
+    insert_worker(url, "20 seconds", tasks=("resize",), lease_seconds=60)
+    assert query(url, listed) == [("default", "resze", 1, 1), ("mail", "resize", 1, 0)]
+    # A live worker of a release that recorded no tasks claims every task of its queues.
+    insert_worker(url, "1 second", queues=("mail",), tasks=None)
+    assert query(url, listed) == [("default", "resze", 1, 1)]
+
+
 def test_failed_recently_lists_the_last_day_of_failures_newest_first(database_url):
     url = database_url
     older = insert_job(
@@ -226,6 +259,7 @@ def test_admin_views_and_depth_counts_stay_on_indexes_with_millions_of_finished_
     needed = {
         "queue_stats": 40 * 5,
         "stuck_jobs": 40,
+        "unserved_tasks": 40,
         "slowest_tasks": 80,
         "failed_recently": query(
             url,
@@ -242,6 +276,7 @@ def test_admin_views_and_depth_counts_stay_on_indexes_with_millions_of_finished_
             "jobs_finished_idx",
         },
         "stuck_jobs": {"jobs_processing_idx"},
+        "unserved_tasks": {"jobs_runnable_idx"},
         "slowest_tasks": {"jobs_finished_idx"},
         "failed_recently": {"jobs_failed_idx"},
         "failure_groups": {"jobs_failed_idx"},

@@ -10,9 +10,10 @@ Two places serve them:
 
 The database series are the same whichever process serves them; with several workers, take
 `max by (queue, status)` rather than `sum`. A worker's `task` label names only the tasks it
-has registered (its `worker.tasks.REGISTRY`); a job naming any other task, as anyone who can
-enqueue may write, is counted under `task="(unregistered)"`, so made-up names add no series.
-No counter has a `_created` series (the `prometheus_client` setting is turned off on import).
+has registered (its `worker.tasks.REGISTRY`), the only ones it claims. A job naming any other
+task, as anyone who can enqueue may write, waits and is counted by `..._jobs_unserved`, whose
+series are bounded (`UNSERVED_SERIES`). No counter has a `_created` series (the
+`prometheus_client` setting is turned off on import).
 
 Counting reads only live rows and the last hour (the `worker.queue_stats` view), never the
 finished history, so a scrape stays cheap on a table with millions of finished jobs. Terminal
@@ -63,6 +64,10 @@ LIVE_STATUSES = (JobStatus.PENDING, JobStatus.PROCESSING, JobStatus.PAUSED)
 SCRAPE_TIMEOUT_MS = 5000
 # The `task` label of a job whose task this worker has not registered.
 UNREGISTERED_TASK = "(unregistered)"
+# Unserved jobs get a series per queue and task for this many pairs, the most jobs first; the
+# rest of a queue's are summed under UNSERVED_OTHERS: anyone who may enqueue can name any task.
+UNSERVED_SERIES = 20
+UNSERVED_OTHERS = "(others)"
 
 # Each `_created` series doubles a counter's series for a timestamp Prometheus does not need.
 disable_created_metrics()  # type: ignore[no-untyped-call]
@@ -70,15 +75,17 @@ disable_created_metrics()  # type: ignore[no-untyped-call]
 
 @dataclass(frozen=True)
 class Scrape:
-    """What one scrape read: the queues, the stuck jobs per queue, the live workers."""
+    """What one scrape read: the queues, the stuck jobs per queue, the live workers, and the
+    pending jobs no live worker serves."""
 
     queues: list[admin.QueueRow]
     stuck: list[admin.QueueCount]
     live_workers: int
+    unserved: list[admin.UnservedTask]
 
 
 class DatabaseCollector(Collector):
-    """Reads the queue's state on every scrape (one short connection, three small queries).
+    """Reads the queue's state on every scrape (one short connection, four small queries).
 
     >>> REGISTRY.register(DatabaseCollector(url, lease_seconds=15))     # doctest: +SKIP
     """
@@ -142,6 +149,7 @@ class DatabaseCollector(Collector):
         )
         live.add_metric([], scrape.live_workers)
         yield from (jobs, depth, age, failed, throughput, stuck_jobs, live)
+        yield _unserved(scrape.unserved)
 
     def _read(self) -> Scrape:
         return blocking(
@@ -158,7 +166,27 @@ class DatabaseCollector(Collector):
             await admin.queue_stats(conn),
             await admin.stuck_by_queue(conn, self.lease_seconds),
             await admin.count_live_workers(conn, self.lease_seconds),
+            await admin.unserved_tasks(conn),
         )
+
+
+def _unserved(rows: list[admin.UnservedTask]) -> GaugeMetricFamily:
+    """Pending jobs per queue and task that no live worker of the queue registered; past
+    `UNSERVED_SERIES` pairs (rows come most jobs first), the rest per queue as one series."""
+    gauge = GaugeMetricFamily(
+        f"{PREFIX}_jobs_unserved",
+        "Pending jobs whose task no live worker of their queue registered "
+        "(see worker.unserved_tasks).",
+        labels=["queue", "task"],
+    )
+    others: dict[str, int] = {}
+    for row in rows[UNSERVED_SERIES:]:
+        others[row.queue] = others.get(row.queue, 0) + row.jobs
+    for row in rows[:UNSERVED_SERIES]:
+        gauge.add_metric([row.queue, row.task], row.jobs)
+    for queue, n in sorted(others.items()):
+        gauge.add_metric([queue, UNSERVED_OTHERS], n)
+    return gauge
 
 
 class WorkerMetrics:

@@ -146,6 +146,12 @@ workers = Table(
     Column("concurrency", Integer, nullable=False),
     Column("started_at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
     Column("heartbeat_at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
+    # The tasks it registered, the only ones it claims; NULL: a release before migration 0012,
+    # which claims every task of its queues.
+    Column("tasks", ARRAY(Text), nullable=True),
+    # How long its heartbeat may be silent before it counts as dead (migration 0012).
+    Column("lease_seconds", Double, nullable=False, server_default=text("15")),
+    CheckConstraint("lease_seconds > 0", name="workers_lease_positive"),
     # The shared advisory lock its claim session holds while it lives; NULL behind a pooler.
     Column("liveness_key", Integer, nullable=True),
     # When a rescuer first saw that lock held by no session (`worker.db.sql.liveness`).

@@ -1,7 +1,7 @@
 """failures grouped by task and error, and the retry limit each task's jobs get
 
 Revision ID: 0013
-Revises: 0010
+Revises: 0012
 Create Date: 2026-12-05 09:30:00.000000
 
 `worker.job_failures` gives each failed job the key its failure is grouped by: the error's type
@@ -33,7 +33,7 @@ from pathlib import Path
 from alembic import op
 
 revision: str = "0013"
-down_revision: str | None = "0010"
+down_revision: str | None = "0012"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
@@ -75,7 +75,7 @@ CREATE TABLE worker.task_limits (
 )
 """
 
-# 0010's grants are the base; this migration's relations are granted beside its tables.
+# 0012's grants are the base; this migration's relations are granted beside its tables.
 _CLIENT_MARK = "GRANT SELECT ON worker.job_rollups, worker.task_stages TO worker_client;"
 _RUNNER_MARK = (
     "GRANT SELECT, INSERT, UPDATE, DELETE ON worker.job_rollups, worker.task_stages "
@@ -101,8 +101,8 @@ def _revision(filename: str):  # type: ignore[no-untyped-def]
 
 
 def _base_grants() -> str:
-    """0010's `worker.grant_roles()`."""
-    return str(_revision("0010_job_rollups.py")._grants())
+    """0012's `worker.grant_roles()`."""
+    return str(_revision("0012_workers_serve_their_tasks.py")._grants())
 
 
 def _grants() -> str:

@@ -42,7 +42,7 @@ def test_claim_commits_asynchronously_and_leaves_the_session_as_it_was(database_
     with psycopg.connect(database_url) as conn:
         conn.execute("SET synchronous_commit = on")
         conn.commit()
-        params = claim_params(worker_id, queues=queues)
+        params = claim_params(worker_id, ["add"], queues=queues)
         assert commit_mode_inside(conn, statement, params) == "off"
         claimed = query(database_url, "SELECT status FROM worker.jobs WHERE id = %s", (job_id,))
         assert claimed == [("processing",)]
@@ -69,7 +69,7 @@ def test_enqueue_and_outcome_writes_keep_waiting_for_the_flush(database_url):
             "trace_context": None,
         }
         assert commit_mode_inside(conn, sql.ENQUEUE, enqueue) == "on"
-        params = claim_params(worker_id)
+        params = claim_params(worker_id, ["add"])
         commit_mode_inside(conn, sql.CLAIM_ONE_QUEUE, params)
         outcome = (
             f'[{{"id": "{enqueue["id"]}", "retries": 0, "max_retries": 3, '

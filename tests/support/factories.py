@@ -71,15 +71,21 @@ def insert_worker(
     pid: int = 1,
     concurrency: int = 4,
     worker_id: str | None = None,
+    queues: tuple[str, ...] = ("default",),
+    tasks: tuple[str, ...] | None = None,
+    lease_seconds: float = 15.0,
 ) -> str:
-    """A worker registration that last beat `heartbeat_age` ago (an interval); its id."""
+    """A worker registration that last beat `heartbeat_age` ago (an interval); its id. `tasks`
+    None: a worker of a release that did not record them."""
     row = {
         "id": worker_id or str(uuid.uuid4()),
         "hostname": hostname,
         "pid": pid,
-        "queues": ["default"],
+        "queues": list(queues),
         "concurrency": concurrency,
         "heartbeat_at": ago(heartbeat_age),
+        "tasks": None if tasks is None else list(tasks),
+        "lease_seconds": lease_seconds,
     }
     return _insert(url, "worker.workers", row, "id")
 
@@ -100,12 +106,14 @@ def dead_worker_with_orphans(
     return worker_id, orphans
 
 
-def claim_params(worker_id: object, **given: object) -> dict[str, object]:
+def claim_params(worker_id: object, tasks: list[str], **given: object) -> dict[str, object]:
     """The parameters of `sql.CLAIM` and `sql.CLAIM_ONE_QUEUE` for a worker of the default
-    queue with no pipeline, retry limit or concurrency key of its own; `given` overrides."""
+    queue that registered `tasks`, with no pipeline, retry limit or concurrency key of its own;
+    `given` overrides."""
     return {
         "worker_id": worker_id,
         "queues": ["default"],
+        "tasks": tasks,
         "limit": 5,
         "default_max_retries": 3,
         "running": [],

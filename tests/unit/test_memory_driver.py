@@ -20,13 +20,14 @@ from worker.models import JobStatus, Outcome, OutcomeKind
 POLICY = RetryPolicy(backoff_base=0.0, backoff_max=0.0)
 
 
-def spec(worker_id: uuid.UUID) -> ClaimSpec:
-    return ClaimSpec(worker_id, ["default"], 3, [], [])
+def spec(worker_id: uuid.UUID, tasks: tuple[str, ...] = ("t",)) -> ClaimSpec:
+    return ClaimSpec(worker_id, ["default"], list(tasks), 3, [], [])
 
 
-async def registered(driver: MemoryDriver) -> uuid.UUID:
+async def registered(driver: MemoryDriver, tasks: tuple[str, ...] = ("t",)) -> uuid.UUID:
     worker_id = uuid.uuid4()
-    await driver.register_worker(Registration(worker_id, "here", 1, ["default"], 1))
+    registration = Registration(worker_id, "here", 1, ["default"], 1, list(tasks), 15.0)
+    await driver.register_worker(registration)
     return worker_id
 
 
@@ -124,3 +125,25 @@ def test_a_snoozed_job_due_again_is_claimed_before_new_work() -> None:
 
     first, second = asyncio.run(main())
     assert driver.jobs[first].task == "watch" and driver.jobs[second].task == "new"
+
+
+def test_a_worker_claims_only_the_tasks_it_registered() -> None:
+    """As `sql.CLAIM`: a job of a task the worker lacks waits for one that has it, even one
+    that only settles (its cancel was asked: the claimer runs its cleanups)."""
+    driver = MemoryDriver()
+
+    async def main() -> tuple[set[str], set[str], JobStatus, set[str], set[str]]:
+        old = await registered(driver, ("resize",))
+        new = await registered(driver, ("resize", "thumbnail"))
+        resize = driver.enqueue("resize")
+        thumbnail = driver.enqueue("thumbnail")
+        settling = driver.enqueue("thumbnail")
+        driver.jobs[settling].cancel_requested = True
+        by_old = {j.id for j in await driver.claim(spec(old, ("resize",)), 10, [])}
+        left = driver.jobs[thumbnail].status
+        by_new = {j.id for j in await driver.claim(spec(new, ("resize", "thumbnail")), 10, [])}
+        return by_old, {resize}, left, by_new, {thumbnail, settling}
+
+    by_old, resizes, left, by_new, thumbnails = asyncio.run(main())
+    assert by_old == resizes and left == JobStatus.PENDING
+    assert by_new == thumbnails

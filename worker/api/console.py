@@ -6,6 +6,7 @@ holder and stage list, bulk retry and cancel over a filter, the workers, the cha
     GET  /console/bulk?verb=retry&...  how many jobs a bulk verb would change
     POST /console/bulk                 {"verb": "retry", "filter": {...}, "expected": 12}
     GET  /console/workers              each worker, its heartbeat's age, the jobs it holds
+    GET  /console/unserved             pending jobs no live worker of their queue can run
     GET  /console/charts?window=hour   outcomes per minute, each queue's depth
 
 A bulk verb changes each job through the client's one-job verb, so the rules of a click on one
@@ -52,11 +53,13 @@ from worker.api.schemas import (
     JobViewOut,
     OutcomePoint,
     Since,
+    UnservedList,
+    UnservedTaskOut,
     Window,
     WorkerList,
 )
 from worker.client import InvalidTransition, JobNotFound
-from worker.db import console
+from worker.db import admin, console
 from worker.db.console import BulkVerb, ConsoleFilter, Tab
 from worker.db.sql import console as sql
 from worker.models import JobStatus
@@ -232,6 +235,13 @@ class Console:
             now = await _now(conn)
         return json_response(WorkerList(workers=rows, lease_seconds=self.lease_seconds, now=now))
 
+    async def unserved(self, request: Request) -> Response:
+        async with self.api.session() as conn:
+            rows = await admin.unserved_tasks(conn)
+            now = await _now(conn)
+        tasks = [UnservedTaskOut.model_validate(row, from_attributes=True) for row in rows]
+        return json_response(UnservedList(tasks=tasks, now=now))
+
     async def charts(self, request: Request) -> Response:
         q = request.query_params
         _known(q, {"window", "queue", "task"})
@@ -312,5 +322,6 @@ def routes(api: _Api) -> list[Route]:
         Route("/console/jobs/{id}", c.job, methods=["GET"]),
         Route("/console/bulk", c.bulk_route, methods=["GET", "POST"]),
         Route("/console/workers", c.workers, methods=["GET"]),
+        Route("/console/unserved", c.unserved, methods=["GET"]),
         Route("/console/charts", c.charts, methods=["GET"]),
     ]

@@ -38,6 +38,7 @@ from worker.api.schemas import (
     ResumeBody,
     Stats,
     StreamEnd,
+    UnservedList,
     Window,
     WorkerList,
 )
@@ -310,6 +311,13 @@ OPERATIONS = [
         "/console/workers",
         "Each registered worker, its heartbeat's age and the jobs it holds",
         WorkerList,
+        errors=_UNAVAILABLE,
+    ),
+    Operation(
+        "get",
+        "/console/unserved",
+        "Pending jobs whose task no live worker of their queue registered, per queue and task",
+        UnservedList,
         errors=_UNAVAILABLE,
     ),
     Operation(

@@ -455,6 +455,27 @@ class WorkerList(BaseModel):
     now: datetime
 
 
+class UnservedTaskOut(BaseModel):
+    """Pending jobs of one task in one queue that no live worker of the queue registered."""
+
+    queue: str
+    task: str
+    jobs: int
+    oldest_created_at: datetime
+    queue_workers: int = Field(
+        description="Live workers of the queue, all serving other tasks; 0: none runs it."
+    )
+
+
+class UnservedList(BaseModel):
+    """`GET /console/unserved`: the pending jobs no live worker of their queue can run, per
+    queue and task, most jobs first (`worker.unserved_tasks`); they wait for a worker that
+    registered their task."""
+
+    tasks: list[UnservedTaskOut]
+    now: datetime
+
+
 class OutcomePoint(BaseModel):
     bucket: datetime
     completed: int

@@ -22,14 +22,15 @@ def stats(as_json: AsJson = False) -> None:
     Pending counts jobs due later too (`later` says how many); the oldest wait is how long the
     oldest due job has waited; throughput is jobs completed in the last minute. Reads the
     `worker.queue_stats` view (live jobs and the last hour only), so it stays fast however
-    many finished jobs the table holds.
+    many finished jobs the table holds. Below the table, the pending jobs no live worker of
+    their queue can run (`worker.unserved_tasks`), by task.
 
     Example: worker stats --json
     """
-    rows = ask(admin.queue_stats)
     if as_json:
-        emit_json([asdict(row) for row in rows])
+        emit_json([asdict(row) for row in ask(admin.queue_stats)])
         return
+    rows, unserved = ask(_stats_and_unserved)
     if not rows:
         out.print("no jobs pending, running or paused, and none finished in the last hour")
         return
@@ -56,6 +57,20 @@ def stats(as_json: AsJson = False) -> None:
         ]
     )
     out.print(table)
+    for row in unserved:
+        who = (
+            "no live worker runs the queue"
+            if row.queue_workers == 0
+            else f"none of its {row.queue_workers} live workers registered the task"
+        )
+        line = f"waiting: {row.jobs} of task {row.task!r} in queue {row.queue!r}: {who}"
+        out.print(line, style="yellow", markup=False, highlight=False, soft_wrap=True)
+
+
+async def _stats_and_unserved(
+    conn: admin.Conn,
+) -> tuple[list[admin.QueueRow], list[admin.UnservedTask]]:
+    return await admin.queue_stats(conn), await admin.unserved_tasks(conn)
 
 
 def workers(as_json: AsJson = False) -> None:

@@ -33,7 +33,7 @@ class JobError(RuntimeError):
 
 
 class JobFailed(JobError):
-    """The job ran out of retries (or could not run at all, e.g. an unknown task)."""
+    """The job ran out of retries (or could not run at all, e.g. its payload is unreadable)."""
 
 
 class JobCancelledError(JobError):

@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from worker import tracing
-from worker.attempt import Executable, Runtime, TaskTimeout, settled_before_start
+from worker.attempt import Executable, Runtime, TaskTimeout
 from worker.daemon.stage_store import JobLost, storable_text
 from worker.db.postgres import UnreadableJSON
 from worker.encoding import NotStorable, dumps
@@ -147,7 +147,8 @@ class Executor:
         self._finished(job, outcome, time.monotonic() - began)
 
     async def _outcome(self, job: ClaimedJob, cancel: threading.Event) -> Outcome:
-        entry = self._registry.get(job.task)
+        # Registered: a worker claims only the tasks it registered (`ClaimSpec.tasks`).
+        entry = self._registry[job.task]
         unreadable = job.payload if isinstance(job.payload, UnreadableJSON) else job.answer
         if isinstance(unreadable, UnreadableJSON):
             outcome = Outcome(
@@ -158,13 +159,6 @@ class Executor:
             if job.first_stage_started and isinstance(entry, Pipeline):
                 # The claim started its first stage, which cannot run either.
                 outcome.stage_end = StageEnd(entry.main_stages[0].name, StageStatus.FAILED)
-        elif entry is None:
-            # A cancel requested while the job waited wins over the unknown name.
-            outcome = settled_before_start(job, cancel.is_set()) or Outcome(
-                OutcomeKind.FAILED,
-                error=f"no task named {job.task!r} is registered with this worker "
-                f"(known: {', '.join(sorted(self._registry)) or 'none'})",
-            )
         else:
             timeout = entry.timeout or self._settings.task_timeout
             ctx = Context(

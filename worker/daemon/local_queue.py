@@ -98,9 +98,9 @@ async def _wait_until_set(event: asyncio.Event, timeout: float | None) -> None:
 def claim_spec(
     worker_id: UUID, queues: list[str], settings: Settings, registry: Mapping[str, Executable]
 ) -> ClaimSpec:
-    """What every claim asks: the registered pipelines and their first stages, for the claim to
-    start them, and the tasks' own retry limits and concurrency per key, for the claim to
-    read."""
+    """What every claim asks: the registered tasks, the only ones it takes; the registered
+    pipelines and their first stages, for the claim to start them; and the tasks' own retry
+    limits and concurrency per key, for the claim to read."""
     pipelines = [
         (name, entry.main_stages[0].name)
         for name, entry in registry.items()
@@ -117,6 +117,7 @@ def claim_spec(
     return ClaimSpec(
         worker_id,
         queues,
+        sorted(registry),
         settings.max_retries,
         [name for name, _ in pipelines],
         [stage for _, stage in pipelines],

@@ -159,12 +159,17 @@ class Worker:
         self.request_stop()
 
     async def run(self) -> None:
+        # Read once, not per claim: the tasks registered now are the ones this worker serves,
+        # as its row says (a task registered later is claimed once the worker starts again).
+        spec = claim_spec(self.id, self.queues, self.settings, self.registry)
         registration = Registration(
             self.id,
             socket.gethostname(),
             os.getpid(),
             self.queues,
             self.concurrency,
+            spec.tasks,
+            self.settings.lease_seconds,
             self.driver.liveness_key,
         )
         await self.driver.open()
@@ -216,9 +221,7 @@ class Worker:
             ),
         )
         try:
-            # Read once, not per claim: a pipeline registered later still runs, its first
-            # stage then recorded by the stage runner instead of the claim.
-            await self._local.run(claim_spec(self.id, self.queues, self.settings, self.registry))
+            await self._local.run(spec)
         finally:
             await self._shutdown(duties)
         if self._failure is not None:

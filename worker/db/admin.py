@@ -179,6 +179,18 @@ class QueueCount:
 
 
 @dataclass(frozen=True)
+class UnservedTask:
+    """Pending jobs of one task in one queue that no live worker of the queue registered
+    (`worker.unserved_tasks`): they wait for a worker that has the task."""
+
+    queue: str
+    task: str
+    jobs: int
+    oldest_created_at: datetime
+    queue_workers: int  # live workers of the queue, all serving other tasks; 0: none runs it
+
+
+@dataclass(frozen=True)
 class RetrySet:
     """The jobs a bulk retry moves: their filter, and the cutoff that walks them once."""
 
@@ -317,6 +329,11 @@ async def stuck_by_queue(conn: Conn, lease_seconds: float) -> list[QueueCount]:
 async def count_live_workers(conn: Conn, lease_seconds: float) -> int:
     """Workers whose heartbeat is within the lease."""
     return await _count(conn, sql.COUNT_LIVE_WORKERS, {"lease": lease_seconds})
+
+
+async def unserved_tasks(conn: Conn) -> list[UnservedTask]:
+    """The pending jobs no live worker of their queue serves, per queue and task, most first."""
+    return await _rows(conn, UnservedTask, sql.UNSERVED_TASKS)
 
 
 # -- bulk verbs -------------------------------------------------------------------------------

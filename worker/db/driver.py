@@ -53,18 +53,21 @@ class Registration:
     pid: int
     queues: list[str]
     concurrency: int
+    tasks: list[str]  # the tasks it serves: its claims take no other
+    lease_seconds: float  # how long its heartbeat may be silent before it counts as dead
     # The key of the lock its claim session holds while the worker lives (`Driver.liveness_key`).
     liveness_key: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class ClaimSpec:
-    """What every claim of one worker asks, made once: its queues, its default retries and
-    those of the tasks that set their own, and the registered pipelines with their first
-    stages (the claim starts those)."""
+    """What every claim of one worker asks, made once: its queues and the tasks it registered
+    (it claims no other), its default retries and those of the tasks that set their own, and
+    the registered pipelines with their first stages (the claim starts those)."""
 
     worker_id: UUID
     queues: list[str]
+    tasks: list[str]
     default_max_retries: int
     pipelines: list[str]
     first_stages: list[str]

@@ -1,10 +1,11 @@
 """An in-memory driver: the daemon's core against plain Python, with no database.
 
 `MemoryDriver` implements `worker.db.driver.Driver` with dicts, keeping the guarantees the
-PostgreSQL statements keep: a pending job is claimed by one worker only, and only while that
-worker is registered; an outcome or a stage write applies only to the attempt that holds the
-job (status `processing`, the worker's id, the retry count it was claimed with); a job whose
-row is `lock`ed (as by another client's open transaction) is skipped, answering `LOCKED`;
+PostgreSQL statements keep: a pending job is claimed by one worker only, only while that
+worker is registered, and only by a worker that registered its task; an outcome or a stage
+write applies only to the attempt that holds the job (status `processing`, the worker's id,
+the retry count it was claimed with); a job whose row is `lock`ed (as by another client's
+open transaction) is skipped, answering `LOCKED`;
 a rescue takes back the jobs of workers silent for a lease, counting the lost attempt; a
 schedule's tick is enqueued once, and not at the schedule's first sight. It is a seam for
 running a worker in one process and for fast tests, not a mock of PostgreSQL: it does not
@@ -261,12 +262,14 @@ class MemoryDriver:
             return []
         now = worker.heartbeat_at = time.monotonic()
         skip = set(running) | self.locked
+        tasks = set(spec.tasks)  # a job of another task waits for a worker that has it
         due = sorted(
             (
                 j
                 for j in self.jobs.values()
                 if j.status == JobStatus.PENDING
                 and j.queue in spec.queues
+                and j.task in tasks
                 and j.run_at <= now
                 and j.id not in skip
             ),

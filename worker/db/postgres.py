@@ -468,6 +468,7 @@ def _claim_params(spec: ClaimSpec) -> dict[str, Any]:
     """The parameters every claim of `spec` passes, its lists as array literals."""
     return {
         "queues": array_literal(spec.queues),
+        "tasks": array_literal(spec.tasks),
         "worker_id": spec.worker_id,
         "default_max_retries": spec.default_max_retries,
         "pipelines": array_literal(spec.pipelines),
@@ -487,4 +488,6 @@ def _registration(r: Registration) -> dict[str, Any]:
         "queues": r.queues,
         "concurrency": r.concurrency,
         "liveness_key": r.liveness_key,
+        "tasks": r.tasks,
+        "lease_seconds": r.lease_seconds,
     }

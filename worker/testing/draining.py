@@ -144,9 +144,12 @@ class _DrainWorker(Worker):
         await asyncio.Event().wait()  # the stop cancels the attempt here: it writes no more
 
 
-async def _left(conn: AsyncConnection[Any], queues: list[str], worker_id: UUID) -> Left:
+async def _left(
+    conn: AsyncConnection[Any], queues: list[str], tasks: list[str], worker_id: UUID
+) -> Left:
     async with conn.cursor(row_factory=class_row(Left)) as cur:
-        await cur.execute(sql.LEFT_TO_RUN, {"queues": queues, "worker_id": worker_id})
+        params = {"queues": queues, "tasks": tasks, "worker_id": worker_id}
+        await cur.execute(sql.LEFT_TO_RUN, params)
         row = await cur.fetchone()
     assert row is not None  # an aggregate always answers a row
     return row
@@ -180,7 +183,7 @@ async def drain_ids(
     try:
         async with await aconnect(target, "durable-worker-drain") as conn:
             while not running.done() and not worker.crash_done.is_set():
-                left = await _left(conn, settings.queues, worker.id)
+                left = await _left(conn, settings.queues, list(worker.registry), worker.id)
                 # With schedules, the jobs of the ticks due at the start count as work too.
                 if not left.due and not left.held and worker.ticks_fired.is_set():
                     break

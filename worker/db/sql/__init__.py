@@ -51,6 +51,7 @@ from worker.db.sql.admin import (
     SET_LEASE,
     STUCK_BY_QUEUE,
     SUMMARY_BY_STATUS,
+    UNSERVED_TASKS,
 )
 from worker.db.sql.claim import (
     CLAIM,
@@ -153,4 +154,5 @@ __all__ = [
     "STAGE_WRITES",
     "STUCK_BY_QUEUE",
     "SUMMARY_BY_STATUS",
+    "UNSERVED_TASKS",
 ]

@@ -140,6 +140,14 @@ SELECT count(*) FROM worker.workers
 WHERE heartbeat_at >= now() - make_interval(secs => %(lease)s)
 """
 
+# Read-only: the pending jobs no live worker of their queue serves, per queue and task
+# (`worker.unserved_tasks`, migration 0012: each worker's own lease decides whether it lives),
+# most jobs first.
+UNSERVED_TASKS = """
+SELECT queue, task, jobs, oldest_created_at, queue_workers FROM worker.unserved_tasks
+ORDER BY jobs DESC, queue, task
+"""
+
 # -- the demo and the bench, over jobs of their own ------------------------------------------
 
 # Read-only: how many of a set of jobs are finished (the primary key finds each).
@@ -175,13 +183,13 @@ SELECT count(*) FROM worker.jobs WHERE queue = %(queue)s AND status <> 'complete
 DELETE_QUEUE = "DELETE FROM worker.jobs WHERE queue = %(queue)s"
 
 # Read-only, and only what `worker.testing.drain` waits for: the due pending jobs of its queues
-# (as a claim would see them, bar pauses and limits) and the jobs its worker holds.
+# and tasks (as a claim would see them, bar pauses and limits) and the jobs its worker holds.
 LEFT_TO_RUN = """
 SELECT count(*) FILTER (WHERE status = 'pending') AS due,
        count(*) FILTER (WHERE status = 'processing') AS held
 FROM worker.jobs
 WHERE queue = ANY(%(queues)s::text[])
-  AND ((status = 'pending' AND run_at <= now())
+  AND ((status = 'pending' AND run_at <= now() AND task = ANY(%(tasks)s::text[]))
        OR (status = 'processing' AND worker_id = %(worker_id)s))
 """
 

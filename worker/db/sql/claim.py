@@ -120,6 +120,7 @@ def _due(queue: str, budget: str) -> str:
             WHERE j.status = 'pending' AND j.queue = {queue} AND j.priority = level.priority
               AND (j.started_at IS NULL) = phase.fresh
               AND j.run_at <= now() AND j.id <> ALL(%(running)s::uuid[])
+              AND j.task = ANY(%(tasks)s::text[])
               AND EXISTS (SELECT FROM lease)
               AND CASE WHEN j.concurrency_key IS NULL OR {_SETTLES} THEN true
                        ELSE worker.concurrency_key_free(j.concurrency_key, coalesce(
@@ -138,6 +139,7 @@ def _due(queue: str, budget: str) -> str:
         WHERE {budget} = 0 AND j.status = 'pending' AND j.queue = {queue}
           AND {_SETTLES}
           AND j.run_at <= now() AND j.id <> ALL(%(running)s::uuid[])
+          AND j.task = ANY(%(tasks)s::text[])
           AND EXISTS (SELECT FROM lease)
         LIMIT %(limit)s
         FOR UPDATE SKIP LOCKED
@@ -149,6 +151,11 @@ def _due(queue: str, budget: str) -> str:
 # queue than its budget (`worker.queue_budget`, migration 0008: a pause, a concurrency limit,
 # a rate); within a queue a priority is only scanned while that LIMIT is not met, so no row
 # beyond it is locked.
+# Only the tasks the worker registered (`tasks`) are claimed, in both branches: a job of
+# another task waits for a worker that has it (a newer release in a rolling deploy), never
+# failed for a name this one lacks; the claimer of a job that only settles runs its cleanups,
+# so it needs the task too. Such a job shows in `worker.unserved_tasks` while no live worker
+# serves it.
 # A job this worker still runs, or whose outcome it has not written yet, is skipped (`running`):
 # after a missed lease a rescued job waits for its old attempt here to end, or goes to another
 # worker; never two attempts at once. A job whose claim a server crash lost (its attempt

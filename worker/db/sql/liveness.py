@@ -1,9 +1,15 @@
 """Liveness: registrations and heartbeats (the workers' leases), and the rescue of their jobs."""
 
+# The row says which tasks the worker serves (the claim takes no other) and its lease, for
+# `worker.unserved_tasks` to tell the jobs no live worker will take; registering again (after a
+# rescuer removed the row) writes them again.
 REGISTER_WORKER = """
-INSERT INTO worker.workers (id, hostname, pid, queues, concurrency, liveness_key)
-VALUES (%(id)s, %(hostname)s, %(pid)s, %(queues)s, %(concurrency)s, %(liveness_key)s)
-ON CONFLICT (id) DO UPDATE SET heartbeat_at = now()
+INSERT INTO worker.workers (id, hostname, pid, queues, concurrency, tasks, lease_seconds,
+                            liveness_key)
+VALUES (%(id)s, %(hostname)s, %(pid)s, %(queues)s, %(concurrency)s, %(tasks)s,
+        %(lease_seconds)s, %(liveness_key)s)
+ON CONFLICT (id) DO UPDATE SET heartbeat_at = now(), tasks = EXCLUDED.tasks,
+                               lease_seconds = EXCLUDED.lease_seconds
 """
 
 # One row per worker, not per job: the heartbeat is the lease on every job the worker holds.
