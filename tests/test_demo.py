@@ -20,11 +20,11 @@ from worker.schema import metadata
 WORKER_TABLES = sorted(t.name for t in metadata.tables.values() if t.schema == "worker")
 
 
-def _demo(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+def _demo(env: dict[str, str], *args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "worker", "demo", "--jobs", "3", *args],
         env=env,
-        cwd=ROOT,
+        cwd=cwd,
         capture_output=True,
         text=True,
         timeout=240,
@@ -36,15 +36,19 @@ def _rows(url: str) -> dict[str, list[tuple[object, ...]]]:
     return {t: sorted(query(url, f"SELECT * FROM worker.{t}"), key=repr) for t in WORKER_TABLES}
 
 
+@pytest.mark.parametrize("where", ["environment", ".env"])
 def test_with_database_url_set_the_demo_runs_embedded_and_writes_nothing_there(
-    database_url: str,
+    database_url: str, tmp_path: Path, where: str
 ) -> None:
     insert_job(database_url, task="add", payload='{"a": 1, "b": 2}')
     before = _rows(database_url)
     with server_root("demo-") as data:
         env = worker_env(database_url, WORKER_DATA_DIR=str(data))
+        if where == ".env":  # as in a clone where .env.example was copied and filled in
+            del env["DATABASE_URL"]
+            (tmp_path / ".env").write_text(f"DATABASE_URL={database_url}\n")
         try:
-            done = _demo(env)
+            done = _demo(env, cwd=tmp_path)
         finally:
             LocalPostgres(data / "pg").stop(mode="immediate")
         assert done.returncode == 0, done.stdout + done.stderr
