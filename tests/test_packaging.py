@@ -150,12 +150,14 @@ def test_installed_alone_in_a_new_virtualenv_it_migrates_and_runs_a_job(
     venv.EnvBuilder(with_pip=True).create(env_dir)
     python, program = env_dir / "bin" / "python", env_dir / "bin" / "worker"
     house = ["--no-index", "--find-links", str(release.wheelhouse)]
+    env = clean_env(DATABASE_URL=empty_database_url, WORKER_POLL_MAX="0.2")
+    # With the suite's PYTHONPATH gone, pip sees no other copy of the package as installed.
     subprocess.run(
         [str(python), "-m", "pip", "install", "-q", *house, str(release.wheel)],
         check=True,
         timeout=600,
+        env=env,
     )
-    env = clean_env(DATABASE_URL=empty_database_url, WORKER_POLL_MAX="0.2")
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
