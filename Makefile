@@ -1,25 +1,35 @@
-# The two set-up commands of the README: `make demo` and `make test`.
+# The two set-up commands of the README: `make demo` and `make test`. Each installs what it
+# needs into .venv: the demo the package with its `embedded` extra alone, the tests the `test`
+# extra too.
 PYTHON ?= python3
 VENV := .venv
+DEMO_INSTALL := -e '.[embedded]'
+TEST_INSTALL := -e '.[test,embedded]'
 
 .PHONY: demo test lint docs bench clean
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --upgrade pip
-	$(VENV)/bin/pip install --quiet -e '.[test,embedded]'
+
+$(VENV)/.installed-demo: pyproject.toml | $(VENV)/bin/python
+	$(VENV)/bin/pip install --quiet $(DEMO_INSTALL)
 	touch $@
 
-demo: $(VENV)/.installed
+$(VENV)/.installed-test: pyproject.toml | $(VENV)/bin/python
+	$(VENV)/bin/pip install --quiet $(TEST_INSTALL)
+	touch $@
+
+demo: $(VENV)/.installed-demo
 	$(VENV)/bin/worker demo
 
-test: $(VENV)/.installed
+test: $(VENV)/.installed-test
 	$(VENV)/bin/python -m pytest -n auto -q
 
-docs: $(VENV)/.installed
+docs: $(VENV)/.installed-test
 	$(VENV)/bin/mkdocs build --strict
 
-lint: $(VENV)/.installed
+lint: $(VENV)/.installed-test
 	$(VENV)/bin/ruff check worker tests examples bench
 	$(VENV)/bin/mypy worker
 

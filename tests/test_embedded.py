@@ -92,7 +92,7 @@ def test_without_database_url_or_server_binaries_one_line_says_what_to_install(
     )
     assert done.returncode == 1
     assert done.stderr.strip().splitlines() == [f"error: {MISSING_SERVER}"]
-    assert "pip install 'durable-worker[embedded]'" in MISSING_SERVER
+    assert "pip install 'durable-worker-pg[embedded]'" in MISSING_SERVER
     assert not (tmp_path / "data" / "pg").exists()
 
 

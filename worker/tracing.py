@@ -1,6 +1,6 @@
 """OpenTelemetry tracing: a job carries the trace it was enqueued in, and its attempts continue it.
 
-With the `otel` extra installed (`pip install 'durable-worker[otel]'`), `enqueue` stores the
+With the `otel` extra installed (`pip install 'durable-worker-pg[otel]'`), `enqueue` stores the
 current trace context with the job (`worker.jobs.trace_context`, as the configured propagator
 writes it: by default W3C `traceparent` and `tracestate`, and `baggage`). The worker then runs
 each attempt in a span that is a child of the span the job was enqueued in, with a child span

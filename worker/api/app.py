@@ -26,7 +26,7 @@ import contextlib
 import hmac
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import asdict
-from importlib import metadata, resources
+from importlib import resources
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -37,6 +37,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from worker import __version__
 from worker.api import console
 from worker.api.access import is_loopback
 from worker.api.errors import UNAVAILABLE, error_response, exception_handlers, json_response
@@ -218,11 +219,7 @@ class _Api:
         )
 
     async def openapi(self, request: Request) -> Response:
-        try:
-            version = metadata.version("durable-worker")
-        except metadata.PackageNotFoundError:
-            version = "0"
-        return JSONResponse(build_spec(version))
+        return JSONResponse(build_spec(__version__))
 
     async def healthz(self, request: Request) -> Response:
         try:

@@ -9,17 +9,21 @@ is done here.
 
 from __future__ import annotations
 
+import os
 import sys
+from typing import Annotated
 
 import typer
 from rich.markup import escape
 
+from worker import __version__
 from worker.cli import failures, maintenance, queues, serve, status
 from worker.cli import jobs as job_commands
 from worker.cli import run as run_command
 from worker.cli import schedule as schedule_command
 from worker.cli.errors import CliError, fail, friendly
 from worker.cli.output import err, out
+from worker.cli.shadowing import shadowing_message, shadowing_module
 
 __all__ = ["CliError", "app", "err", "fail", "main", "out"]
 
@@ -29,6 +33,26 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        out.print(f"durable-worker-pg {__version__}", highlight=False, markup=False)
+        raise typer.Exit()
+
+
+@app.callback()
+def _program(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", is_eager=True, callback=_print_version, help="Print the version and exit."
+        ),
+    ] = False,
+) -> None:
+    """durable-worker: background jobs on PostgreSQL."""
+
+
 db_app = typer.Typer(help="The embedded PostgreSQL (used when DATABASE_URL is unset).")
 app.add_typer(db_app, name="db")
 app.add_typer(queues.queue_app, name="queue")
@@ -58,7 +82,13 @@ db_app.command("stop")(friendly(maintenance.db_stop))
 
 
 def main() -> None:
-    """The `worker` program. Usage errors are one red line too, with exit code 2."""
+    """The `worker` program. Usage errors are one red line too, with exit code 2, and so is
+    a module of the application's own named `worker` where task modules are imported from."""
+    shadow = shadowing_module([os.getcwd(), *sys.path])
+    if shadow is not None:
+        message = escape(shadowing_message(shadow))
+        err.print(f"[red]error:[/red] {message}", highlight=False, soft_wrap=True)
+        sys.exit(2)
     try:
         code = app(standalone_mode=False)
     except typer.TyperException as exc:  # Typer's usage errors (BadParameter, ...) derive it

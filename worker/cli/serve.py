@@ -11,19 +11,31 @@ from typing import Annotated
 import typer
 
 from worker.cli.output import err, out
-from worker.cli.session import ensure_schema, settings, url
+from worker.cli.session import checked_url, ensure_schema, settings, url
 
 
 def demo(
     jobs: Annotated[int, typer.Option(help="How many quick jobs to enqueue.")] = 40,
+    database_url: Annotated[
+        str | None,
+        typer.Option(
+            "--database-url",
+            help="Run on this PostgreSQL (migrated) instead of the embedded server, on a "
+            "queue of its own, 'demo'. DATABASE_URL alone is not used.",
+        ),
+    ] = None,
 ) -> None:
-    """Run the demo on the embedded default: a batch of jobs, live progress, a summary.
+    """Run the demo on the embedded server: a batch of jobs, live progress, a summary.
 
     Example: worker demo --jobs 100
     """
     from worker.demo import run_demo
 
-    run_demo(settings(), quick_jobs=jobs)
+    s = settings()
+    if database_url is not None:
+        database_url = checked_url("--database-url", database_url)
+        ensure_schema(database_url, migrate=False)
+    run_demo(s, quick_jobs=jobs, on=database_url)
 
 
 def bench(

