@@ -207,11 +207,12 @@ class Driver(Protocol):
     async def deregister_worker(self, worker_id: UUID) -> None: ...
 
     async def rescue(
-        self, lease: float, grace: float, still_sure: Callable[[], bool]
+        self, lease: float, grace: float, still_sure: Callable[[], bool], starting: bool = False
     ) -> list[RescuedJob]:
         """Take back the jobs of dead workers (`sql.RESCUE`): silent for `lease` seconds, or
         whose sessions ended and who have not beaten for `grace` seconds since that was seen,
-        if `still_sure()` holds once a connection is in hand."""
+        if `still_sure()` holds once a connection is in hand. `starting`: the caller has just
+        started, and sees late the sessions of workers that died before it."""
 
     # -- claims -----------------------------------------------------------------------------
 

@@ -235,7 +235,7 @@ class MemoryDriver:
         self.workers.pop(worker_id, None)
 
     async def rescue(
-        self, lease: float, grace: float, still_sure: Callable[[], bool]
+        self, lease: float, grace: float, still_sure: Callable[[], bool], starting: bool = False
     ) -> list[RescuedJob]:
         # No sessions here (`liveness_key` is None): only the lease judges.
         self._reachable()

@@ -264,12 +264,14 @@ class PostgresDriver:
         await fetch(self.pool, sql.DEREGISTER_WORKER, {"id": worker_id})
 
     async def rescue(
-        self, lease: float, grace: float, still_sure: Callable[[], bool]
+        self, lease: float, grace: float, still_sure: Callable[[], bool], starting: bool = False
     ) -> list[RescuedJob]:
         async with self.pool.connection() as conn:
             if not still_sure():
                 return []
-            cur = await conn.execute(sql.RESCUE, {"lease": lease, "grace": grace})
+            cur = await conn.execute(
+                sql.RESCUE, {"lease": lease, "grace": grace, "starting": starting}
+            )
             rows = await cur.fetchall()
         return [RescuedJob(job_id, task, queue) for job_id, task, queue, _ in rows]
 

@@ -40,11 +40,14 @@ class Rescuer:
         self._heartbeat = heartbeat
         self._lease = lease
 
-    async def rescue(self) -> int:
+    async def rescue(self, starting: bool = False) -> int:
         # Judged again with a connection in hand: waiting for one may have outlasted an
         # outage, after which the other workers' heartbeats are not back yet.
         rescued = await self._driver.rescue(
-            self._lease, SESSION_GRACE, lambda: self._heartbeat.sure_of_others(self._lease)
+            self._lease,
+            SESSION_GRACE,
+            lambda: self._heartbeat.sure_of_others(self._lease),
+            starting,
         )
         for job in rescued:
             log.warning(
@@ -58,10 +61,12 @@ class Rescuer:
 
     async def run(self) -> None:
         interval = min(self._lease / 4, SESSION_GRACE / 2)
+        started = asyncio.get_running_loop().time()
         while True:
+            starting = asyncio.get_running_loop().time() - started < 3 * SESSION_GRACE
             if self._heartbeat.sure_of_others(self._lease):
                 try:
-                    await self.rescue()
+                    await self.rescue(starting)
                 except TRANSIENT as exc:
                     log.debug("rescue skipped: %s", type(exc).__name__)
             await asyncio.sleep(interval * (0.75 + random.random() / 2))

@@ -43,7 +43,8 @@ DEREGISTER_WORKER = "DELETE FROM worker.workers WHERE id = %(id)s"
 #   live worker whose session was cut (a backend killed, a session replaced) beats again
 #   within the grace and is only marked. A worker cut off by the network keeps its sessions on
 #   the server, or loses them only when the link returns, long after its last beat: the lease
-#   alone judges it.
+#   alone judges it. A rescuer that has just started (`starting`) sees the sessions of a
+#   fleet that died before it late, and takes that for what it is.
 # Nothing is judged in the lease after the server started (a restart ended every session and
 # stalled every heartbeat), and the caller judges only while its own heartbeat is healthy.
 # Safe: `marked` and `dead` touch disjoint rows (a mark is made only where none stands or a
@@ -72,8 +73,8 @@ WITH sure AS (
            OR w.id IN (SELECT id FROM lockless
                        WHERE session_lost_at < now() - make_interval(secs => %(grace)s)
                          AND heartbeat_at < session_lost_at
-                         AND session_lost_at - heartbeat_at
-                             < make_interval(secs => 2 * %(grace)s)))
+                         AND (%(starting)s OR session_lost_at - heartbeat_at
+                                              < make_interval(secs => 2 * %(grace)s))))
     RETURNING id, heartbeat_at >= now() - make_interval(secs => %(lease)s) AS session_ended
 ), orphans AS (
     SELECT j.id, coalesce(d.session_ended, false) AS session_ended FROM worker.jobs AS j
