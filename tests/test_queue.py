@@ -185,7 +185,8 @@ def test_work_already_started_is_claimed_before_new_work(database_url, statement
         "INSERT INTO worker.workers (id, hostname, pid, queues, concurrency) "
         "VALUES (gen_random_uuid(), 'test', 1, '{default}', 10) RETURNING id",
     )[0][0]
-    rows = query(database_url, getattr(sql, statement), claim_params(worker_id, limit=limit))
+    params = claim_params(worker_id, ["new", "snoozed", "urgent"], limit=limit)
+    rows = query(database_url, getattr(sql, statement), params)
     tasks = [row[1] for row in rows]
     assert tasks == ["urgent", "snoozed", "new"][:limit]
 
