@@ -166,6 +166,14 @@ def test_worker_prunes_old_finished_jobs_on_its_schedule(env, database_url, proc
         "SELECT 'add', 'completed', now() - interval '9 days', now() - interval '8 days' "
         "FROM generate_series(1, 2500)",
     )
+    # 'old processing' is held by a worker whose lease has not run out.
+    query(
+        database_url,
+        "WITH w AS (INSERT INTO worker.workers (id, hostname, pid, queues, concurrency) "
+        "VALUES (gen_random_uuid(), 'elsewhere', 1, '{default}', 1) RETURNING id) "
+        "UPDATE worker.jobs SET worker_id = (SELECT id FROM w) WHERE id = %s",
+        (jobs["old processing"],),
+    )
     proc = processes.worker(
         env,
         "testtasks",

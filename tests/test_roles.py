@@ -153,7 +153,7 @@ def test_runner_role_runs_a_real_worker(database_url, login_role, processes: Pro
     )
     assert stages == [("fetch", "completed"), ("release", "completed"), ("store", "completed")]
     # The runner's other duties: rescue and retention.
-    query(runner, sql.RESCUE, {"lease": 3600})
+    query(runner, sql.RESCUE, {"lease": 3600, "grace": 1.0, "starting": False})
     later = datetime.now(UTC) + timedelta(days=1)
     query(runner, sql.PRUNE_BATCH, {"statuses": ["completed"], "before": later, "batch": 100})
     assert query(client, "SELECT count(*) FROM worker.jobs") == [(0,)]

@@ -70,6 +70,7 @@ class JobLifecycle(RuleBasedStateMachine):
             queues=["default"],
             concurrency=4,
             tasks=["work"],
+            liveness_key=None,
             lease_seconds=15.0,
         )
 
@@ -229,7 +230,7 @@ class JobLifecycle(RuleBasedStateMachine):
             id=self.workers[worker],
             age=LEASE + 1,
         )
-        self.run(sql.RESCUE, lease=LEASE)
+        self.run(sql.RESCUE, lease=LEASE, grace=1.0, starting=False)
         self.register(self.workers[worker])  # it comes back, as a stalled worker does
 
     @precondition(lambda self: self.job_ids())
@@ -292,7 +293,7 @@ class JobLifecycle(RuleBasedStateMachine):
             "UPDATE worker.workers SET heartbeat_at = now() - make_interval(secs => %(age)s)",
             age=LEASE + 1,
         )
-        self.run(sql.RESCUE, lease=LEASE)
+        self.run(sql.RESCUE, lease=LEASE, grace=1.0, starting=False)
         left = self.run("SELECT count(*) FROM worker.jobs WHERE status = 'processing'")
         assert left == [(0,)], "jobs left processing after every worker died and was rescued"
         self.only_legal_transitions()

@@ -113,13 +113,13 @@ def test_a_snoozed_job_due_again_is_claimed_before_new_work() -> None:
     driver = MemoryDriver()
 
     async def main() -> list[str]:
-        worker_id = await registered(driver)
+        worker_id = await registered(driver, ("watch", "new"))
         snoozing = driver.enqueue("watch")
-        await driver.claim(spec(worker_id), 1, [])
+        await driver.claim(spec(worker_id, ("watch", "new")), 1, [])
         waiting = [driver.enqueue("new") for _ in range(3)]
         snooze = Outcome(OutcomeKind.SNOOZED, delay=0.0)
         await driver.record_outcomes(worker_id, POLICY, [OutcomeWrite(snoozing, 0, snooze, 3)])
-        claimed = await driver.claim(spec(worker_id), 2, [])
+        claimed = await driver.claim(spec(worker_id, ("watch", "new")), 2, [])
         assert {j.id for j in claimed} <= {snoozing, *waiting}
         return [j.id for j in claimed]
 

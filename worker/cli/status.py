@@ -64,7 +64,7 @@ def stats(as_json: AsJson = False) -> None:
             else f"none of its {row.queue_workers} live workers registered the task"
         )
         line = f"waiting: {row.jobs} of task {row.task!r} in queue {row.queue!r}: {who}"
-        out.print(line, style="yellow", markup=False, highlight=False, soft_wrap=True)
+        out.print(line, style="yellow", markup=False, highlight=False, soft_wrap=False)
 
 
 async def _stats_and_unserved(

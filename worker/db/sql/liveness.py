@@ -45,8 +45,9 @@ DEREGISTER_WORKER = "DELETE FROM worker.workers WHERE id = %(id)s"
 #   the server, or loses them only when the link returns, long after its last beat: the lease
 #   alone judges it. A rescuer that has just started (`starting`) sees the sessions of a
 #   fleet that died before it late, and takes that for what it is.
-# Nothing is judged in the lease after the server started (a restart ended every session and
-# stalled every heartbeat), and the caller judges only while its own heartbeat is healthy.
+# No session is judged in the lease after the server started (a restart ended every session
+# and stalled every heartbeat), nor, by a rescuer just started, any lease; and the caller
+# judges only while its own heartbeat is healthy.
 # Safe: `marked` and `dead` touch disjoint rows (a mark is made only where none stands or a
 # beat came after it; a rescue only where none came after it); SKIP LOCKED lets two rescuers
 # split the orphans instead of waiting on each other. A rescued job counts the lost attempt;
@@ -68,9 +69,9 @@ WITH sure AS (
     WHERE w.id = l.id AND (l.session_lost_at IS NULL OR l.heartbeat_at >= l.session_lost_at)
 ), dead AS (
     DELETE FROM worker.workers AS w
-    WHERE (SELECT ok FROM sure)
-      AND (w.heartbeat_at < now() - make_interval(secs => %(lease)s)
-           OR w.id IN (SELECT id FROM lockless
+    WHERE (w.heartbeat_at < now() - make_interval(secs => %(lease)s)
+           AND (NOT %(starting)s OR (SELECT ok FROM sure)))
+       OR (w.id IN (SELECT id FROM lockless
                        WHERE session_lost_at < now() - make_interval(secs => %(grace)s)
                          AND heartbeat_at < session_lost_at
                          AND (%(starting)s OR session_lost_at - heartbeat_at
@@ -81,7 +82,8 @@ WITH sure AS (
     LEFT JOIN dead AS d ON d.id = j.worker_id
     WHERE j.status = 'processing'
       AND (d.id IS NOT NULL
-           OR NOT EXISTS (SELECT 1 FROM worker.workers AS w WHERE w.id = j.worker_id))
+           OR (NOT EXISTS (SELECT 1 FROM worker.workers AS w WHERE w.id = j.worker_id)
+               AND (NOT %(starting)s OR (SELECT ok FROM sure))))
     FOR UPDATE OF j SKIP LOCKED
 )
 UPDATE worker.jobs AS j
