@@ -40,7 +40,11 @@ def run_online() -> None:
         run_with(given)
         return
     url = config.attributes.get("url") or database_url()
-    engine = create_engine(sqlalchemy_url(url), poolclass=pool.NullPool)
+    # Nothing prepared: the version table's update runs once per revision, and a statement
+    # psycopg prepares after a few runs would stay on a pooler's shared session.
+    engine = create_engine(
+        sqlalchemy_url(url), poolclass=pool.NullPool, connect_args={"prepare_threshold": None}
+    )
     with engine.begin() as connection:
         run_with(connection)
 

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import time
 
-from support import query, wait_for
+from support import Processes, query, wait_for
 
 from worker import Client
 
@@ -51,16 +52,24 @@ def server_up_for_a_lease(url: str) -> None:
     )
 
 
+def victim_holding_ten_jobs(
+    env: dict[str, str], url: str, processes: Processes
+) -> tuple[subprocess.Popen[bytes], list[str]]:
+    """A worker at the default settings running ten long jobs, on a server up for a lease."""
+    server_up_for_a_lease(url)
+    client = Client(url)
+    victim = processes.worker(env, "testtasks", extra=DEFAULTS)
+    ids = [client.enqueue("effect", {"key": str(i), "sleep": 120}).job_id for i in range(10)]
+    wait_for(lambda: worker_of(url, victim.pid), message="the victim registered")
+    victim_id = worker_of(url, victim.pid)
+    wait_for(lambda: held_by(url, victim_id) == 10, message="the victim holds 10 jobs")
+    return victim, ids
+
+
 def test_a_killed_workers_ten_jobs_start_again_within_seconds_at_the_default_lease(
     env, database_url, processes
 ):
-    server_up_for_a_lease(database_url)
-    client = Client(database_url)
-    victim = processes.worker(env, "testtasks", extra=DEFAULTS)
-    ids = [client.enqueue("effect", {"key": str(i), "sleep": 120}).job_id for i in range(10)]
-    wait_for(lambda: worker_of(database_url, victim.pid), message="the victim registered")
-    victim_id = worker_of(database_url, victim.pid)
-    wait_for(lambda: held_by(database_url, victim_id) == 10, message="the victim holds 10 jobs")
+    victim, ids = victim_holding_ten_jobs(env, database_url, processes)
     survivor = processes.worker(env, "testtasks", extra=DEFAULTS)
     wait_for(lambda: worker_of(database_url, survivor.pid), message="the survivor registered")
 
@@ -75,13 +84,7 @@ def test_a_killed_workers_ten_jobs_start_again_within_seconds_at_the_default_lea
 def test_a_worker_started_after_the_whole_fleet_died_rescues_at_once(
     env, database_url, processes
 ):
-    server_up_for_a_lease(database_url)
-    client = Client(database_url)
-    victim = processes.worker(env, "testtasks", extra=DEFAULTS)
-    ids = [client.enqueue("effect", {"key": str(i), "sleep": 120}).job_id for i in range(10)]
-    wait_for(lambda: worker_of(database_url, victim.pid), message="the victim registered")
-    victim_id = worker_of(database_url, victim.pid)
-    wait_for(lambda: held_by(database_url, victim_id) == 10, message="the victim holds 10 jobs")
+    victim, ids = victim_holding_ten_jobs(env, database_url, processes)
     # And a worker with no liveness lock (an older release, or one behind a transaction
     # pooler) whose lease ran out a minute ago, still holding a job.
     ((stale,),) = query(
@@ -90,7 +93,8 @@ def test_a_worker_started_after_the_whole_fleet_died_rescues_at_once(
         "VALUES (gen_random_uuid(), 'gone', 1, '{default}', 1, now() - interval '1 minute') "
         "RETURNING id",
     )
-    old = client.enqueue("effect", {"key": "old", "sleep": 120}, queue="elsewhere").job_id
+    payload = {"key": "old", "sleep": 120}
+    old = Client(database_url).enqueue("effect", payload, queue="elsewhere").job_id
     query(
         database_url,
         "UPDATE worker.jobs SET status = 'processing', worker_id = %s, started_at = now(), "
