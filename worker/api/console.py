@@ -66,7 +66,7 @@ from worker.models import JobStatus
 from worker.settings import Settings, SettingsError, get_settings
 
 if TYPE_CHECKING:
-    from worker.api.app import _Api
+    from worker.api.base import ApiBase
 
 _BULK_BATCH = 500
 WINDOWS = {Window.HOUR: (timedelta(hours=1), 60), Window.DAY: (timedelta(days=1), 600)}
@@ -111,7 +111,7 @@ def _known(q: QueryParams, allowed: set[str]) -> None:
 class Console:
     """The console's handlers, over the API's client and pool."""
 
-    def __init__(self, api: _Api) -> None:
+    def __init__(self, api: ApiBase) -> None:
         self.api = api
         self.lease_seconds = _lease()
 
@@ -314,7 +314,7 @@ def _lease() -> float:
         return Settings.model_fields["lease_seconds"].default  # type: ignore[no-any-return]
 
 
-def routes(api: _Api) -> list[Route]:
+def routes(api: ApiBase) -> list[Route]:
     """The console's routes, for `create_app`."""
     c = Console(api)
     return [

@@ -2,7 +2,7 @@
 
 Each parser refuses a bad value with an `ApiError` naming it (a 422, or a 404 for a path that
 names no job), before anything reaches the database. What this does not do: it does not
-check who may ask (that is `_Api.guard`), nor read a body off the wire (`_Api.body`).
+check who may ask (that is `ApiBase.guard`), nor read a body off the wire (`ApiBase.body`).
 """
 
 from __future__ import annotations
