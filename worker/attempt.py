@@ -1,9 +1,10 @@
-"""One attempt at a job: what runs it, and how user code is called within its deadline.
+"""One attempt at a job: how user code is called within its deadline, and when a claimed job
+must not run at all.
 
-The claim produces a `ClaimedJob`; a `Task` or a `Pipeline` (an `Executable`) turns it into an
-`Outcome` (both in `worker.models`), which the daemon's outcome batcher writes. User code runs
-through `call`, which keeps sync code in a worker thread and holds it to the job's deadline.
-Nothing here touches the database.
+The claim produces a `ClaimedJob`; a `Task` or a `Pipeline` (an `Executable`, registered in
+`worker.tasks`) turns it into an `Outcome` (both in `worker.models`), which the daemon's outcome
+batcher writes. User code runs through `call`, which keeps sync code in a worker thread and
+holds it to the job's deadline. Nothing here touches the database.
 """
 
 from __future__ import annotations
@@ -16,10 +17,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from worker.events import ProgressBus
-    from worker.tasks import Context
 
 from worker.models import ClaimedJob, Outcome, OutcomeKind
-from worker.retries import RetryRules
 
 
 class Runtime(Protocol):
@@ -30,15 +29,20 @@ class Runtime(Protocol):
     async def in_thread(self, fn: Callable[..., Any], *args: Any) -> Any: ...
 
 
-class Executable(Protocol):
-    """Anything the registry can run: a `Task` or a `Pipeline`."""
+class Running(Protocol):
+    """What `call` reads of the job's `Context` (`worker.tasks`): whose code runs, by when."""
 
-    name: str
-    timeout: float | None
-    retries: RetryRules  # what a failure leads to (`worker.retries`)
-    concurrency: int | None  # jobs sharing a concurrency key that may run at once
+    @property
+    def job(self) -> ClaimedJob: ...
 
-    async def execute(self, ctx: Context) -> Outcome: ...
+    @property
+    def job_id(self) -> str: ...
+
+    @property
+    def runtime(self) -> Runtime: ...
+
+    @property
+    def deadline(self) -> float | None: ...
 
 
 class TaskTimeout(Exception):
@@ -58,7 +62,7 @@ def _told(abandoned: threading.Event, fn: Callable[..., Any], *args: Any) -> Any
         _abandoned.event = outer
 
 
-async def call(ctx: Context, fn: Callable[..., Any], is_async: bool, *args: Any) -> Any:
+async def call(ctx: Running, fn: Callable[..., Any], is_async: bool, *args: Any) -> Any:
     """Run user code: `async` on the loop, sync in a worker thread, within the job's deadline.
 
     A sync function whose call is given up (past the job's or its stage's deadline, or at

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, Unpack, overl
 
 from pydantic import BaseModel, ValidationError
 
-from worker.attempt import Executable, Runtime, abandoned_here, call, settled_before_start
+from worker.attempt import Runtime, abandoned_here, call, settled_before_start
 from worker.client.errors import InvalidJob
 from worker.client.validation import JobSpec
 from worker.encoding import dumps
@@ -305,6 +305,17 @@ def _payload_model(
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return annotation
     return None
+
+
+class Executable(Protocol):
+    """Anything the registry can run: a `Task` or a `Pipeline`."""
+
+    name: str
+    timeout: float | None
+    retries: RetryRules  # what a failure leads to (`worker.retries`)
+    concurrency: int | None  # jobs sharing a concurrency key that may run at once
+
+    async def execute(self, ctx: Context) -> Outcome: ...
 
 
 REGISTRY: dict[str, Executable] = {}

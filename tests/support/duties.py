@@ -9,9 +9,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping
 
-from worker.attempt import Executable
 from worker.daemon.plugins.rollup import Rollup
 from worker.db.postgres import PostgresDriver
+from worker.tasks import Executable
 
 
 def roll_up(

@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from worker import tracing
-from worker.attempt import Executable, Runtime, TaskTimeout
+from worker.attempt import Runtime, TaskTimeout
 from worker.daemon.stage_store import JobLost, storable_text
 from worker.db.postgres import UnreadableJSON
 from worker.encoding import NotStorable, dumps
@@ -32,7 +32,7 @@ from worker.middleware import around
 from worker.models import ClaimedJob, Outcome, OutcomeKind, StageEnd, StageStatus
 from worker.settings import Settings
 from worker.stages import Pipeline
-from worker.tasks import Context, JobCancelled, PauseForResolution, Snooze
+from worker.tasks import Context, Executable, JobCancelled, PauseForResolution, Snooze
 
 log = logging.getLogger("worker.daemon")
 job_log = logging.getLogger("worker.jobs")

@@ -32,7 +32,6 @@ from collections.abc import Callable, Mapping
 from enum import StrEnum
 from uuid import UUID
 
-from worker.attempt import Executable
 from worker.daemon.db import Patience
 from worker.daemon.executor import Executor
 from worker.db.driver import ClaimSpec, Driver
@@ -41,6 +40,7 @@ from worker.logs import fields
 from worker.models import ClaimedJob, Outcome
 from worker.settings import Settings
 from worker.stages import Pipeline
+from worker.tasks import Executable
 
 log = logging.getLogger("worker.daemon")
 job_log = logging.getLogger("worker.jobs")

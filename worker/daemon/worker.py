@@ -29,7 +29,6 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from worker.attempt import Executable
 from worker.daemon.completer import Completer
 from worker.daemon.db import Patience
 from worker.daemon.executor import Executor
@@ -46,7 +45,7 @@ from worker.middleware import MIDDLEWARE
 from worker.models import JobStatus
 from worker.schedules import SCHEDULES
 from worker.settings import Settings
-from worker.tasks import REGISTRY
+from worker.tasks import REGISTRY, Executable
 
 log = logging.getLogger("worker.daemon")
 job_log = logging.getLogger("worker.jobs")

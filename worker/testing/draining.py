@@ -33,7 +33,6 @@ from uuid import UUID
 from psycopg import AsyncConnection
 from psycopg.rows import class_row
 
-from worker.attempt import Executable
 from worker.client import AsyncClient, Client, Job, JobNotFound, default_client
 from worker.daemon.db import Patience
 from worker.daemon.plugins.heartbeat import SESSION_GRACE
@@ -47,7 +46,7 @@ from worker.db.url import psycopg_url
 from worker.models import StageStatus
 from worker.settings import Settings, get_settings
 from worker.stages import Pipeline
-from worker.tasks import REGISTRY
+from worker.tasks import REGISTRY, Executable
 
 T = TypeVar("T")
 

@@ -20,11 +20,11 @@ from collections.abc import Mapping
 
 import psycopg
 
-from worker.attempt import Executable
 from worker.db.driver import Driver, StagePlans
 from worker.db.errors import TRANSIENT, describe
 from worker.logs import fields
 from worker.stages.pipeline import Pipeline
+from worker.tasks import Executable
 
 log = logging.getLogger("worker.daemon")
 
