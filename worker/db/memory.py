@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from uuid import UUID
 
 from worker.db.driver import LOCKED, Beat, Locked, RecordedOutcome, RescuedJob
+from worker.db.memory_stages import MemoryStageStore
 from worker.models import (
     ClaimedJob,
     JobStatus,
@@ -45,7 +46,6 @@ from worker.models import (
     StageKind,
     StageStatus,
 )
-from worker.stages.memory import MemoryStageStore
 
 if TYPE_CHECKING:
     from worker.db.driver import (

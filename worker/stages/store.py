@@ -15,8 +15,6 @@ from worker.models import JSON, ClaimedJob, StageHistory, StageStatus
 
 # Stage rows still open: a stage that was running, snoozing or waiting for an answer.
 OPEN = frozenset({StageStatus.RUNNING, StageStatus.SNOOZED, StageStatus.PAUSED})
-# Cleanup rows of an attempt that did not finish its cleanups: one ran, or had yet to run.
-UNFINISHED = frozenset({StageStatus.RUNNING, StageStatus.WAITING})
 
 
 class StageStore(Protocol):
