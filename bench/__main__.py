@@ -68,7 +68,7 @@ def parse() -> argparse.Namespace:
 def start_server(keep: bool) -> tuple[Server, Any]:
     given = os.environ.get("BENCH_DATABASE_URL")
     if given:
-        from worker.db.url import psycopg_url
+        from worker.urls import psycopg_url
 
         url = psycopg_url(given)
         base, _, tail = url.rpartition("/")

@@ -8,8 +8,8 @@ from alembic import context
 from sqlalchemy import create_engine, pool, text
 
 from worker.db.embedded import database_url
-from worker.db.url import sqlalchemy_url
 from worker.schema import SCHEMA, metadata
+from worker.urls import sqlalchemy_url
 
 config = context.config
 

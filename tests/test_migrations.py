@@ -9,8 +9,8 @@ from sqlalchemy import create_engine
 from support import query
 
 from worker.db import migrate
-from worker.db.url import sqlalchemy_url
 from worker.schema import SCHEMA, metadata
+from worker.urls import sqlalchemy_url
 
 
 def schema_diff(url: str) -> list[object]:

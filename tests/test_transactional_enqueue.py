@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 from support import Processes, query
 
 from worker import AsyncClient, Client, JobSpec
-from worker.db.url import sqlalchemy_url
+from worker.urls import sqlalchemy_url
 
 HELD_OPEN = 1.5  # three times WORKER_POLL_MAX in the test environment
 

@@ -27,10 +27,10 @@ from worker.client import Client, JobSpec
 from worker.db import admin
 from worker.db.admin import blocking
 from worker.db.embedded import EmbeddedServerError, database_url, embedded_server, find_bin_dir
-from worker.db.url import psycopg_url, redact
 from worker.settings import Pooler, Settings, get_settings
 from worker.stages import Pipeline
 from worker.tasks import Context, task
+from worker.urls import psycopg_url, redact
 
 QUEUE = "demo"  # every job of the demo, and the only queue its worker serves
 # Set in the demo's own process, over the environment and .env alike: each part of it (the

@@ -20,7 +20,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from pydantic_settings import SettingsError as _SourceError
 
-from worker.db.url import bad_port
+from worker.urls import bad_port
 
 
 class SettingsError(Exception):

@@ -14,8 +14,8 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker, create_asyn
 import worker.api
 from worker import AsyncClient
 from worker.db.embedded import database_url
-from worker.db.url import sqlalchemy_url
 from worker.settings import get_settings
+from worker.urls import sqlalchemy_url
 
 metadata = MetaData()
 orders = Table(

@@ -12,11 +12,11 @@ from psycopg.conninfo import conninfo_to_dict
 from pydantic import ValidationError
 from sqlalchemy.engine import make_url
 
-from worker.db import url as urls
+from worker import urls
 from worker.db.connect import connect_options, listen_url, pooled
 from worker.db.notifier import Notifier
-from worker.db.url import sqlalchemy_url
 from worker.settings import Pooler, Settings, get_settings
+from worker.urls import sqlalchemy_url
 
 NETLOC_FORM = "postgresql://app:p%40ss@db1:5432,db2:5433/app?target_session_attrs=read-write"
 QUERY_FORM = (

@@ -49,10 +49,10 @@ from worker.db import sql
 from worker.db.connect import async_engine
 from worker.db.direct_async import AsyncDirectWrites
 from worker.db.embedded import database_url
-from worker.db.url import psycopg_url
 from worker.ids import new_job_id
 from worker.models import JSON, TERMINAL_STATUSES, JobStatus
 from worker.settings import get_settings
+from worker.urls import psycopg_url
 
 
 class AsyncClient:

@@ -46,10 +46,10 @@ from worker.db import sql
 from worker.db.connect import sync_engine
 from worker.db.direct_sync import DirectWrites
 from worker.db.embedded import database_url
-from worker.db.url import psycopg_url
 from worker.ids import new_job_id
 from worker.models import JSON, TERMINAL_STATUSES, JobStatus
 from worker.settings import get_settings
+from worker.urls import psycopg_url
 
 
 class Client:

@@ -11,7 +11,7 @@ prepares a statement: the next transaction of the same connection may run on ano
 session, where the statement is missing or another client's has its name. Notifications then
 come from `WORKER_LISTEN_URL`, a direct connection, or not at all (`listen_url`).
 
-What this does not do: it does not decide which database (see `worker.db.url`), and it does
+What this does not do: it does not decide which database (see `worker.urls`), and it does
 not retry; the callers that survive an outage (the daemon's `Patience`, the notifier, the
 client's enqueue) each say how.
 
@@ -32,8 +32,8 @@ from psycopg_pool import AsyncConnectionPool
 from sqlalchemy import Engine, create_engine
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from worker.db.url import sqlalchemy_url
 from worker.settings import Pooler, get_settings
+from worker.urls import sqlalchemy_url
 
 # libpq options used unless the URL sets its own: a dead host fails a connection attempt in
 # 10 s instead of the system's minutes. A silently cut connection (no RST: a failed-over virtual

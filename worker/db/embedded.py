@@ -28,8 +28,8 @@ from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
 
-from worker.db.url import psycopg_url
 from worker.settings import Settings, get_settings
+from worker.urls import psycopg_url
 
 SERVICE_USER = "postgres"  # used only when running as root: postgres refuses to run as root
 DATABASE = "worker"

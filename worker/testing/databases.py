@@ -27,8 +27,8 @@ import worker.client
 from worker.db import migrate
 from worker.db.connect import connect
 from worker.db.embedded import LocalPostgres
-from worker.db.url import psycopg_url
 from worker.settings import get_settings
+from worker.urls import psycopg_url
 
 APPLICATION_NAME = "durable-worker-tests"
 

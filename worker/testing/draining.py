@@ -42,11 +42,11 @@ from worker.db import sql
 from worker.db.connect import aconnect
 from worker.db.driver import RecordedOutcome, StageWrite
 from worker.db.embedded import database_url
-from worker.db.url import psycopg_url
 from worker.models import StageStatus
 from worker.settings import Settings, get_settings
 from worker.stages import Pipeline
 from worker.tasks import REGISTRY, Executable
+from worker.urls import psycopg_url
 
 T = TypeVar("T")
 
