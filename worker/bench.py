@@ -33,11 +33,11 @@ from rich.console import Console
 from rich.progress import TaskID
 from rich.table import Table
 
-from worker.cli.output import progress as progress_bar
 from worker.client import AsyncClient, JobSpec
 from worker.db import admin
 from worker.db.connect import aconnect
 from worker.models import Outcome, OutcomeKind
+from worker.progress_bar import progress_bar
 from worker.retries import DEFAULT_RULES
 from worker.settings import Settings
 from worker.tasks import Context

@@ -21,12 +21,11 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from worker.cli.errors import CliError
-from worker.cli.output import progress as progress_bar
 from worker.client import Client, JobSpec
 from worker.db import admin
 from worker.db.admin import blocking
 from worker.db.embedded import EmbeddedServerError, database_url, embedded_server, find_bin_dir
+from worker.progress_bar import progress_bar
 from worker.settings import Pooler, Settings, get_settings
 from worker.stages import Pipeline
 from worker.tasks import Context, task
@@ -166,7 +165,7 @@ def _embedded_only(settings: Settings, console: Console) -> Settings:
     try:
         find_bin_dir()
     except EmbeddedServerError:
-        raise CliError(NO_SERVER) from None
+        raise EmbeddedServerError(NO_SERVER) from None
     if settings.database_url or settings.listen_url:
         console.print(
             "DATABASE_URL is set and left alone: the demo runs on the embedded server "

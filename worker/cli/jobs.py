@@ -22,9 +22,9 @@ from worker.cli.output import (
     Fit,
     ago,
     emit_json,
+    err,
     fitted,
     out,
-    progress,
     span,
     status_style,
     styled,
@@ -33,6 +33,7 @@ from worker.cli.output import (
 from worker.cli.session import ask, client, settings
 from worker.db import admin
 from worker.models import JobStatus
+from worker.progress_bar import progress_bar
 
 BATCH = 1000  # rows per statement in bulk retry and prune: short locks, steady progress
 MAX_PAGE = 10**12  # a page past it would skip more rows than a bigint OFFSET counts
@@ -169,7 +170,7 @@ async def _retry_all(conn: admin.Conn, wanted: admin.RetrySet) -> dict[str, int]
     if not retrying.jobs:
         return None
     moved: dict[str, int] = {}
-    with progress() as bar:
+    with progress_bar(err) as bar:
         step = bar.add_task(f"retrying {wanted.status.value} jobs", total=retrying.jobs)
         while rows := await admin.retry_batch(conn, retrying, BATCH):
             for row in rows:

@@ -14,9 +14,10 @@ import typer
 
 from worker.cli.jobs import BATCH
 from worker.cli.options import parse_age
-from worker.cli.output import out, progress
+from worker.cli.output import err, out
 from worker.cli.session import ask, settings, url
 from worker.db import admin
+from worker.progress_bar import progress_bar
 
 
 def migrate(
@@ -84,7 +85,7 @@ def prune(
 async def _prune(conn: admin.Conn, before: datetime, total: int) -> int:
     """Delete batch by batch behind a progress bar; how many were deleted."""
     removed = 0
-    with progress() as bar:
+    with progress_bar(err) as bar:
         step = bar.add_task("pruning finished jobs", total=total)
         while True:
             n = await admin.prune_batch(conn, before, BATCH)

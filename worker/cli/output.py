@@ -15,7 +15,7 @@ import json
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import Enum
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rich.cells import cell_len
 from rich.console import Console
@@ -23,9 +23,6 @@ from rich.table import Table
 from rich.text import Text
 
 from worker.models import JobStatus
-
-if TYPE_CHECKING:
-    from rich.progress import Progress
 
 out = Console()
 err = Console(stderr=True)
@@ -172,24 +169,3 @@ def summary(text: str | None, width: int = 60) -> str:
     """The first line of an error (`Type: message`; the traceback follows it), shortened."""
     line = (text or "").strip().split("\n", 1)[0]
     return line if len(line) <= width else line[: width - 1] + "…"
-
-
-def progress(console: Console = err, width: int = 0) -> Progress:
-    """A progress bar (on stderr by default, so stdout stays clean for scripts); `width` pads
-    the descriptions so that several bars line up."""
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-    )
-
-    description = f"{{task.description:<{width}}}" if width else "{task.description}"
-    return Progress(
-        TextColumn(description),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=console,
-    )
