@@ -34,7 +34,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from wsgiref.simple_server import WSGIServer
 
-import psycopg
 from prometheus_client import (
     CONTENT_TYPE_PLAIN_0_0_4,
     REGISTRY,
@@ -50,6 +49,7 @@ from prometheus_client.registry import Collector
 
 from worker.db import admin
 from worker.db.admin import Conn, blocking
+from worker.db.errors import DATABASE_ERRORS
 from worker.models import JobStatus
 
 if TYPE_CHECKING:
@@ -103,7 +103,7 @@ class DatabaseCollector(Collector):
         )
         try:
             scrape = self._read()
-        except psycopg.Error:
+        except DATABASE_ERRORS:
             up.add_metric([], 0)
             yield up
             return

@@ -19,11 +19,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from uuid import UUID
 
-import psycopg
-
 from worker.daemon.db import LockWaits, Patience
 from worker.db.batcher import Batcher, Verdict
 from worker.db.driver import Driver, Locked, OutcomeWrite, RecordedOutcome, RetryPolicy
+from worker.db.errors import VALUE_REFUSED
 from worker.logs import first_line
 from worker.models import ClaimedJob, Outcome, OutcomeKind, ProgressEvent, StageEnd, StageStatus
 from worker.settings import Settings
@@ -114,7 +113,7 @@ def _job_of(item: OutcomeWrite) -> str:
 
 
 def _judge(batch: list[OutcomeWrite], exc: Exception, alone: bool) -> Verdict:
-    if not isinstance(exc, psycopg.DataError | UnicodeError):
+    if not isinstance(exc, (*VALUE_REFUSED, UnicodeError)):
         return Verdict.RAISE
     if not alone:
         log.error("a batch of outcomes was refused (%s); writing them one by one", exc)

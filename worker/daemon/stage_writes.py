@@ -24,12 +24,10 @@ from __future__ import annotations
 
 from uuid import UUID
 
-import psycopg
-
 from worker.daemon.db import LockWaits
 from worker.db.batcher import Batcher, Verdict
 from worker.db.driver import Driver, Locked, StageWrite
-from worker.db.errors import TRANSIENT
+from worker.db.errors import refused
 
 # Statements in flight at once (each holds a pooled connection while it commits).
 MAX_FLUSHES = 3
@@ -71,6 +69,6 @@ def _job_of(write: StageWrite) -> str:
 def _judge(batch: list[StageWrite], exc: Exception, alone: bool) -> Verdict:
     # Each writer retries an outage under its own patience. A refused batch is written one
     # write at a time: one write refused must not fail the others; refused alone, it fails.
-    if isinstance(exc, TRANSIENT) or not isinstance(exc, psycopg.Error):
+    if not refused(exc):
         return Verdict.FAIL
     return Verdict.SPLIT

@@ -2,7 +2,8 @@
 
 The daemon's retries, outage lines and refusals are decided on these names alone, whichever
 driver runs under it: the PostgreSQL driver raises psycopg's errors (and `Refused`), the
-in-memory one `OSError`. What it does not do: retry or log; the daemon does (`worker.daemon.db`).
+in-memory one `OSError`; no module outside `worker.db` names psycopg's classes for it. What it
+does not do: retry or log; the daemon does (`worker.daemon.db`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,20 @@ TRANSIENT = (
     PoolTimeout,
     OSError,
 )
+# Every error a database operation ends in, whichever driver: an outage (`TRANSIENT`) or a
+# refusal (see `refused`).
+DATABASE_ERRORS = (psycopg.Error, *TRANSIENT)
+# The database refused a value of the statement (past a limit, or text it cannot store), not the
+# statement itself: written without that value, the rest may go through.
+VALUE_REFUSED = (psycopg.DataError,)
+# A database the workers' release is ahead of: its table or functions are not there yet.
+UNMIGRATED = (psycopg.errors.UndefinedTable, psycopg.errors.UndefinedFunction)
+
+
+def refused(exc: BaseException) -> bool:
+    """The database refused the statement (a missing table, a grant, a value it cannot store):
+    tried again as it is, it would be refused again."""
+    return isinstance(exc, psycopg.Error) and not isinstance(exc, TRANSIENT)
 
 
 class _PoolNoise(logging.Filter):

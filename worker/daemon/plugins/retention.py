@@ -15,10 +15,8 @@ import random
 import time
 from datetime import UTC, datetime, timedelta
 
-import psycopg
-
 from worker.db.driver import Driver
-from worker.db.errors import TRANSIENT, describe
+from worker.db.errors import DATABASE_ERRORS, TRANSIENT, describe
 from worker.logs import fields
 from worker.models import TERMINAL_STATUSES
 from worker.settings import Settings
@@ -63,7 +61,7 @@ class Retention:
                     )
             except TRANSIENT as exc:
                 log.debug("retention skipped: %s", type(exc).__name__)
-            except psycopg.Error as exc:  # housekeeping: jobs still run; the operator is told
+            except DATABASE_ERRORS as exc:  # housekeeping: jobs still run; the operator is told
                 error = describe(exc)
                 log.error(
                     "retention failed (%s); trying again next time",

@@ -18,10 +18,8 @@ import logging
 import random
 from collections.abc import Mapping
 
-import psycopg
-
 from worker.db.driver import Driver, StagePlans
-from worker.db.errors import TRANSIENT, describe
+from worker.db.errors import DATABASE_ERRORS, TRANSIENT, UNMIGRATED, describe
 from worker.logs import fields
 from worker.stages.pipeline import Pipeline
 from worker.tasks import Executable
@@ -31,8 +29,6 @@ log = logging.getLogger("worker.daemon")
 # Several runs per minute, so the current minute's depth is sampled a few times and a closed
 # minute's outcomes are final within seconds.
 INTERVAL = 15.0
-# A database the workers' release is ahead of: its table or functions are not there yet.
-UNMIGRATED = (psycopg.errors.UndefinedTable, psycopg.errors.UndefinedFunction)
 
 
 def stage_plans(registry: Mapping[str, Executable]) -> StagePlans:
@@ -99,7 +95,7 @@ class Rollup:
                         describe(exc),
                         extra=fields("rollup.unmigrated", error=describe(exc)),
                     )
-            except psycopg.Error as exc:  # the charts lag; jobs still run; the operator is told
+            except DATABASE_ERRORS as exc:  # the charts lag; jobs still run; the operator is told
                 error = describe(exc)
                 log.error(
                     "rollup failed (%s); trying again next time",

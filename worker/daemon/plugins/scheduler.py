@@ -20,17 +20,14 @@ import logging
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 
-import psycopg
-
 from worker.db.backoff import Backoff
 from worker.db.driver import Driver
-from worker.db.errors import TRANSIENT, describe
+from worker.db.errors import DATABASE_ERRORS, TRANSIENT, describe
 from worker.logs import fields
 from worker.schedules import Schedule
 
 log = logging.getLogger("worker.daemon")
 
-_FAILURES = (psycopg.Error, *TRANSIENT)
 REFUSED_RETRY = 60.0  # seconds before a refused firing is tried again: an operator must act
 # A running worker that wakes this many ticks late or fewer fires each; more is a stall, and
 # the latest tick stands for them all, as after a downtime.
@@ -72,7 +69,7 @@ class Scheduler:
                     job_id = await self._driver.fire_tick(
                         schedule.key, schedule.task, schedule.spec, tick, schedule.queue
                     )
-                except _FAILURES as exc:  # the other schedules still fire; this one next time
+                except DATABASE_ERRORS as exc:  # the other schedules still fire; this one next time
                     failed = exc
                     break
                 self._taken[schedule.key] = tick
@@ -128,7 +125,7 @@ class Scheduler:
                 log.debug("scheduled ticks not fired yet: %s", type(exc).__name__)
                 await asyncio.sleep(backoff.next())
                 continue
-            except psycopg.Error as exc:  # a refusal (no table, no grant): jobs still run
+            except DATABASE_ERRORS as exc:  # a refusal (no table, no grant): jobs still run
                 self.fired.set()
                 error = describe(exc)
                 log.error(
