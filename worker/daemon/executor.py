@@ -25,7 +25,7 @@ from typing import Any
 from worker import tracing
 from worker.attempt import Runtime, TaskTimeout
 from worker.daemon.stage_store import JobLost, storable_text
-from worker.db.postgres import UnreadableJSON
+from worker.db.driver import UnreadableJSON
 from worker.encoding import NotStorable, dumps
 from worker.logs import fields
 from worker.middleware import around

@@ -44,6 +44,21 @@ class Locked:
 LOCKED: Final = Locked()
 
 
+class UnreadableJSON:
+    """Stands in for a JSON value this process cannot decode (nested too deeply for Python).
+
+    PostgreSQL accepts JSON nested thousands of levels deep; Python's decoder stops near its
+    recursion limit (about 1000). A job carrying such a value fails with a clear error instead
+    of taking the claim of every other job down with it.
+    """
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+    def __repr__(self) -> str:
+        return f"UnreadableJSON({self.reason!r})"
+
+
 @dataclass(frozen=True, slots=True)
 class Registration:
     """A worker as `worker.workers` records it."""

@@ -42,6 +42,7 @@ from worker.db.driver import (
     RetryPolicy,
     StagePlans,
     StageWrite,
+    UnreadableJSON,
 )
 from worker.db.errors import EVENTS_REFUSED, Refused
 from worker.db.notifier import Subscription, notifier
@@ -65,21 +66,6 @@ def pool_size(concurrency: int) -> int:
     (4, 8, 16)
     """
     return min(3 + max(1, concurrency // 2), POOL_CAP)
-
-
-class UnreadableJSON:
-    """Stands in for a JSON value this process cannot decode (nested too deeply for Python).
-
-    PostgreSQL accepts JSON nested thousands of levels deep; Python's decoder stops near its
-    recursion limit (about 1000). A job carrying such a value fails with a clear error instead
-    of taking the claim of every other job down with it.
-    """
-
-    def __init__(self, reason: str) -> None:
-        self.reason = reason
-
-    def __repr__(self) -> str:
-        return f"UnreadableJSON({self.reason!r})"
 
 
 # A dict lookup per row read: calling the enum class runs its metaclass's lookup each time.
