@@ -25,15 +25,8 @@ from uuid import UUID
 
 from worker.client._async import AsyncClient
 from worker.client._sync import Client
-from worker.client.errors import (
-    InvalidJob,
-    InvalidTransition,
-    JobCancelledError,
-    JobError,
-    JobFailed,
-    JobNotFound,
-)
-from worker.client.job import Job
+from worker.client.errors import InvalidJob, InvalidTransition, JobNotFound
+from worker.client.job import Job, JobCancelledError, JobError, JobFailed
 from worker.client.queues import QueueState
 from worker.client.validation import (
     MAX_DELAY,

@@ -21,7 +21,14 @@ from psycopg.rows import tuple_row
 
 from worker import tracing
 from worker.client.errors import InvalidTransition, JobNotFound
-from worker.client.job import Job, cancel_result, job_from_row, new_job, retry_refused
+from worker.client.job import (
+    AsyncGet,
+    Job,
+    cancel_result,
+    job_from_row,
+    new_job,
+    retry_refused,
+)
 from worker.client.queues import QueueState, limit_params, queue_name
 from worker.client.targets import (
     ASYNC_TAKES,
@@ -44,7 +51,7 @@ from worker.client.validation import (
     unsettled_key,
     validated,
 )
-from worker.client.waiting import AsyncGet, AsyncWake, done_waiters, pause, ready_for, time_left
+from worker.client.waiting import AsyncWake, done_waiters, pause, ready_for, time_left
 from worker.db import sql
 from worker.db.connect import async_engine
 from worker.db.direct_async import AsyncDirectWrites

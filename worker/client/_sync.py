@@ -18,7 +18,14 @@ from psycopg.rows import tuple_row
 
 from worker import tracing
 from worker.client.errors import InvalidTransition, JobNotFound
-from worker.client.job import Job, cancel_result, job_from_row, new_job, retry_refused
+from worker.client.job import (
+    Get,
+    Job,
+    cancel_result,
+    job_from_row,
+    new_job,
+    retry_refused,
+)
 from worker.client.queues import QueueState, limit_params, queue_name
 from worker.client.targets import (
     SYNC_TAKES,
@@ -41,7 +48,7 @@ from worker.client.validation import (
     unsettled_key,
     validated,
 )
-from worker.client.waiting import Get, Wake, done_waiters, pause, ready_for, time_left
+from worker.client.waiting import Wake, done_waiters, pause, ready_for, time_left
 from worker.db import sql
 from worker.db.connect import sync_engine
 from worker.db.direct_sync import DirectWrites

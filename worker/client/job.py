@@ -1,4 +1,5 @@
-"""The `Job` handle: one job's state as last read, and what you can do with it from anywhere.
+"""The `Job` handle: one job's state as last read, and what you can do with it from anywhere;
+and `JobError`, what waiting on a job that ended `failed` or `cancelled` raises.
 
 A handle comes from an enqueue, from `Job.get(job_id)` or from a client's `get`; it is valid
 in any process. It reads through the client that made it (or the default client), and waits
@@ -9,7 +10,7 @@ no connection itself.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -17,7 +18,7 @@ from uuid import UUID
 
 from sqlalchemy import Row
 
-from worker.client.errors import JobCancelledError, JobFailed, JobNotFound
+from worker.client.errors import JobNotFound
 from worker.client.validation import JobSpec
 from worker.client.waiting import deadline_of
 from worker.models import JSON, JobStatus, StageStatus
@@ -25,6 +26,37 @@ from worker.models import JSON, JobStatus, StageStatus
 if TYPE_CHECKING:
     from worker.client._async import AsyncClient
     from worker.client._sync import Client
+
+# How a waiter reads its job afresh: the client's `get`, blocking or awaited.
+Get = Callable[[str], "Job"]
+AsyncGet = Callable[[str], Awaitable["Job"]]
+
+
+class JobError(RuntimeError):
+    """A job you waited on ended `failed` or `cancelled`.
+
+    `.job` is the job's final state and `.error` its error (the task's exception and
+    traceback, or why it was cancelled).
+
+    >>> try:                                    # doctest: +SKIP
+    ...     job.wait_sync()
+    ... except JobError as exc:
+    ...     print(exc.job.status, exc.error)
+    """
+
+    def __init__(self, job: Job) -> None:
+        detail = f": {job.error}" if job.error else ""
+        super().__init__(f"job {job.job_id} ({job.task}) {job.status}{detail}")
+        self.job = job
+        self.error = job.error
+
+
+class JobFailed(JobError):
+    """The job ran out of retries (or could not run at all, e.g. its payload is unreadable)."""
+
+
+class JobCancelledError(JobError):
+    """The job was cancelled."""
 
 
 @dataclass

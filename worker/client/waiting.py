@@ -21,13 +21,9 @@ import math
 import os
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator
 
 from worker.db.notifier import LINGER_SECONDS, Subscription, notifier
-
-if TYPE_CHECKING:
-    from worker.client.job import Job
 
 # How often a waiter re-reads the job even without a notification (a missed NOTIFY, a
 # reconnect): the notification is the fast path, this is the safety net.
@@ -39,10 +35,6 @@ LISTEN_READY_SECONDS = 5.0
 LISTEN_LINGER_SECONDS = LINGER_SECONDS
 # `application_name` of the listening connection, to find it in pg_stat_activity.
 LISTENER_NAME = "durable-worker wait"
-
-# How a waiter reads its job afresh: the client's `get`, blocking or awaited.
-Get = Callable[[str], "Job"]
-AsyncGet = Callable[[str], Awaitable["Job"]]
 
 
 class DoneWaiters:
