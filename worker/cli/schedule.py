@@ -10,45 +10,28 @@ docs/scheduling.md, "Periodic jobs").
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
-import psycopg
 import typer
-from psycopg.rows import class_row
 from rich.table import Table
 
 from worker.cli.options import AsJson
 from worker.cli.output import emit_json, err, out
 from worker.cli.run import import_task_modules
 from worker.cli.session import ask
-from worker.db import sql
-from worker.db.errors import TRANSIENT, describe
+from worker.db import admin
+from worker.db.admin import ScheduleRow
+from worker.db.errors import DATABASE_ERRORS, describe
 from worker.schedules import SCHEDULES, Schedule
-
-
-@dataclass(frozen=True, slots=True)
-class ScheduleRow:
-    """A schedule as `worker.schedules` keeps it."""
-
-    key: str
-    last_tick: datetime
-    fired: int  # jobs enqueued so far
-    fired_at: datetime | None
 
 
 def _rows(keys: list[str]) -> dict[str, ScheduleRow] | None:
     """The schedules' rows by key; None (and a line on stderr) if the database cannot say."""
 
-    async def work(conn: psycopg.AsyncConnection[Any]) -> list[ScheduleRow]:
-        async with conn.cursor(row_factory=class_row(ScheduleRow)) as cur:
-            await cur.execute(sql.SCHEDULE_ROWS, {"keys": keys})
-            return await cur.fetchall()
-
     try:
-        return {row.key: row for row in ask(work)}
-    except (psycopg.Error, *TRANSIENT) as exc:
+        return {row.key: row for row in ask(lambda conn: admin.schedule_rows(conn, keys))}
+    except DATABASE_ERRORS as exc:
         err.print(f"last runs unknown: {describe(exc)}", highlight=False, markup=False)
         return None
 

@@ -214,6 +214,16 @@ class StatusSummary(_JobStatusRow):
     retries: int
 
 
+@dataclass(frozen=True, slots=True)
+class ScheduleRow:
+    """A schedule as `worker.schedules` keeps it."""
+
+    key: str
+    last_tick: datetime
+    fired: int  # jobs enqueued so far
+    fired_at: datetime | None
+
+
 @dataclass(frozen=True)
 class Outcome(_JobStatusRow):
     """A job's task, status, retries, and its result (or its error's first line) as text."""
@@ -398,3 +408,8 @@ async def count_unfinished_in(conn: Conn, queue: str) -> int:
 async def delete_queue(conn: Conn, queue: str) -> int:
     """Delete every job of `queue` (their stages and events go with them); how many."""
     return (await conn.execute(sql.DELETE_QUEUE, {"queue": queue})).rowcount
+
+
+async def schedule_rows(conn: Conn, keys: list[str]) -> list[ScheduleRow]:
+    """The rows of these schedules' keys (a schedule that never fired has none)."""
+    return await _rows(conn, ScheduleRow, sql.SCHEDULE_ROWS, {"keys": keys})
