@@ -28,7 +28,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import psycopg
 from rich.console import Console
 from rich.progress import TaskID
 from rich.table import Table
@@ -132,7 +131,7 @@ class Bench:
             BenchResult("enqueue_many, 1,000 per call", self.jobs, time.perf_counter() - t0)
         )
 
-    async def _unfinished(self, conn: psycopg.AsyncConnection[Any]) -> int:
+    async def _unfinished(self, conn: admin.Conn) -> int:
         return await admin.count_unfinished_in(conn, self.queue)
 
     async def _drain(self, engine: Any, bar: Callable[[int], None]) -> None:
