@@ -224,6 +224,17 @@ class ScheduleRow:
     fired_at: datetime | None
 
 
+@dataclass(frozen=True, slots=True)
+class Left:
+    """What a drain (`worker.testing`) still waits for."""
+
+    due: int
+    held: int
+
+    def __str__(self) -> str:
+        return f"{self.due + self.held} jobs left ({self.due} due, {self.held} running)"
+
+
 @dataclass(frozen=True)
 class Outcome(_JobStatusRow):
     """A job's task, status, retries, and its result (or its error's first line) as text."""
@@ -413,3 +424,10 @@ async def delete_queue(conn: Conn, queue: str) -> int:
 async def schedule_rows(conn: Conn, keys: list[str]) -> list[ScheduleRow]:
     """The rows of these schedules' keys (a schedule that never fired has none)."""
     return await _rows(conn, ScheduleRow, sql.SCHEDULE_ROWS, {"keys": keys})
+
+
+async def left_to_run(conn: Conn, queues: list[str], tasks: list[str], worker_id: UUID) -> Left:
+    """The jobs of these queues and tasks still due, and those `worker_id` holds."""
+    params = {"queues": queues, "tasks": tasks, "worker_id": worker_id}
+    (row,) = await _rows(conn, Left, sql.LEFT_TO_RUN, params)  # an aggregate: always one row
+    return row

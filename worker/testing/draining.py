@@ -26,19 +26,14 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Coroutine, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any, TypeVar
-from uuid import UUID
-
-from psycopg import AsyncConnection
-from psycopg.rows import class_row
 
 from worker.client import AsyncClient, Client, Job, JobNotFound, default_client
 from worker.daemon.db import Patience
 from worker.daemon.plugins.heartbeat import SESSION_GRACE
 from worker.daemon.stage_store import DaemonStageStore
 from worker.daemon.worker import Worker
-from worker.db import sql
+from worker.db import admin
 from worker.db.connect import aconnect
 from worker.db.driver import RecordedOutcome, StageWrite
 from worker.db.embedded import database_url
@@ -53,17 +48,6 @@ T = TypeVar("T")
 # How often the database is asked whether anything is left: often enough that a drain ends
 # soon after its last job, rarely enough to leave the worker the connections it needs.
 POLL_SECONDS = 0.02
-
-
-@dataclass(frozen=True, slots=True)
-class Left:
-    """What a drain still waits for."""
-
-    due: int
-    held: int
-
-    def __str__(self) -> str:
-        return f"{self.due + self.held} jobs left ({self.due} due, {self.held} running)"
 
 
 class NoCrash(RuntimeError):
@@ -143,17 +127,6 @@ class _DrainWorker(Worker):
         await asyncio.Event().wait()  # the stop cancels the attempt here: it writes no more
 
 
-async def _left(
-    conn: AsyncConnection[Any], queues: list[str], tasks: list[str], worker_id: UUID
-) -> Left:
-    async with conn.cursor(row_factory=class_row(Left)) as cur:
-        params = {"queues": queues, "tasks": tasks, "worker_id": worker_id}
-        await cur.execute(sql.LEFT_TO_RUN, params)
-        row = await cur.fetchone()
-    assert row is not None  # an aggregate always answers a row
-    return row
-
-
 async def drain_ids(
     timeout: float,
     url: str | None,
@@ -182,7 +155,9 @@ async def drain_ids(
     try:
         async with await aconnect(target, "durable-worker-drain") as conn:
             while not running.done() and not worker.crash_done.is_set():
-                left = await _left(conn, settings.queues, list(worker.registry), worker.id)
+                left = await admin.left_to_run(
+                    conn, settings.queues, list(worker.registry), worker.id
+                )
                 # With schedules, the jobs of the ticks due at the start count as work too.
                 if not left.due and not left.held and worker.ticks_fired.is_set():
                     break
