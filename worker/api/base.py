@@ -15,7 +15,6 @@ from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import urlsplit
 
-import psycopg
 from starlette.requests import Request
 
 from worker.api.access import is_loopback
@@ -120,10 +119,8 @@ class ApiBase:
     async def session(self) -> AsyncIterator[admin.Conn]:
         """A connection of the client's pool, for `worker.db.admin`'s reads: they share its
         bounds (size, timeouts, the check before reuse) rather than opening more."""
-        async with self.client.engine.connect() as conn:
-            raw = (await conn.get_raw_connection()).driver_connection
-            assert isinstance(raw, psycopg.AsyncConnection)
-            yield raw
+        async with admin.borrowed(self.client.engine) as conn:
+            yield conn
 
     async def object_body(self, request: Request) -> dict[str, Any] | None:
         """A body that must be a JSON object when there is one (None: no body)."""

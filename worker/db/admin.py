@@ -1,8 +1,9 @@
 """The operators' questions and bulk verbs, as named operations returning typed rows.
 
 Each operation is written once, as a coroutine over a psycopg `AsyncConnection`: the HTTP edge
-awaits it on its own connections, and the blocking callers (the CLI, the metrics' scrape, the
-demo) run it through `blocking`, which opens one connection for the work and closes it after.
+awaits it on a connection of its client's pool (`borrowed`), and the blocking callers (the CLI,
+the metrics' scrape, the demo) run it through `blocking`, which opens one connection for the
+work and closes it after.
 The statements themselves live in `worker.db.sql.admin`, each with why it is safe.
 
 What this does not do: it does not enqueue, claim or change one job (that is the client and
@@ -15,7 +16,8 @@ the daemon), and it does not decide what to print or serve.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Sequence
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
@@ -25,6 +27,7 @@ from uuid import UUID
 
 import psycopg
 from psycopg.rows import class_row
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from worker.db import sql
 from worker.db.connect import aconnect
@@ -51,6 +54,16 @@ def blocking(url: str, name: str, work: Callable[[Conn], Awaitable[T]], **option
         return asyncio.run(session())
     with ThreadPoolExecutor(1, thread_name_prefix="durable-worker-admin") as pool:
         return pool.submit(asyncio.run, session()).result()
+
+
+@contextlib.asynccontextmanager
+async def borrowed(engine: AsyncEngine) -> AsyncIterator[Conn]:
+    """A connection of `engine`'s pool (a client's), for these operations: they share its
+    bounds (size, timeouts, the check before reuse) rather than opening more."""
+    async with engine.connect() as conn:
+        raw = (await conn.get_raw_connection()).driver_connection
+        assert isinstance(raw, psycopg.AsyncConnection)
+        yield raw
 
 
 async def _rows(conn: Conn, cls: type[T], statement: str, params: Any = None) -> list[T]:
