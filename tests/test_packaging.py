@@ -1,11 +1,12 @@
 """The release: the wheel and sdist pass `twine check` and carry the release's metadata (its
-name, the changelog's version, the license, the project's links); what `pip install
-durable-worker-pg` installs runs `worker migrate` and a job on its own, in a new virtualenv with
-no source tree beside it, and brings no PostgreSQL binaries; the tutorial's install steps and
-every step after them run from the built wheel in a clean folder; `make demo` installs no test
-tooling. Smoke tests, so CI runs them on each Python version it claims. They cost one build
-per run (a build environment with twine, the sdist and wheel, a wheelhouse: about a minute,
-mostly downloads) and, per test, a virtualenv installed from the wheelhouse with no index."""
+name, the changelog's version, the license, the project's links), the sdist the changelog
+itself; what `pip install durable-worker-pg` installs runs `worker migrate` and a job on its
+own, in a new virtualenv with no source tree beside it, and brings no PostgreSQL binaries; the
+tutorial's install steps and every step after them run from the built wheel in a clean folder;
+`make demo` installs no test tooling. Smoke tests, so CI runs them on each Python version it
+claims. They cost one build per run (a build environment with twine, the sdist and wheel, a
+wheelhouse: about a minute, mostly downloads) and, per test, a virtualenv installed from the
+wheelhouse with no index."""
 
 from __future__ import annotations
 
@@ -114,8 +115,12 @@ def test_the_wheel_and_sdist_pass_twine_check_and_carry_the_release_s_metadata(
     assert "worker = worker.cli:main" in scripts
     assert all(n.startswith(("worker/", dist_info)) for n in names), "only `worker` is imported"
     with tarfile.open(release.sdist) as archive:
-        files = {m.name.split("/", 1)[1] for m in archive.getmembers() if "/" in m.name}
-    assert {"LICENSE", "README.md", "pyproject.toml", "worker/__init__.py"} <= files
+        members = {m.name.split("/", 1)[1]: m for m in archive.getmembers() if "/" in m.name}
+        wanted = {"LICENSE", "README.md", "CHANGELOG.md", "pyproject.toml", "worker/__init__.py"}
+        assert wanted <= members.keys(), f"missing from the sdist: {wanted - members.keys()}"
+        changelog = archive.extractfile(members["CHANGELOG.md"])
+        assert changelog is not None
+        assert changelog.read().decode() == (ROOT / "CHANGELOG.md").read_text(encoding="utf-8")
 
 
 def test_wheel_ships_every_module_and_the_migrations(wheel: Path) -> None:
