@@ -3,8 +3,9 @@
 Each runs on a psycopg `AsyncConnection` the caller holds: the HTTP edge's pooled ones, or
 the `rollup` duty's own. The statements live in `worker.db.sql.console`, each with why it is
 safe. The ones that take a tab or a verb as a parameter run unprepared (`prepare=False`): each
-run is planned for its own tab, so a plan kept from one tab never serves another. What this does not do: it changes no job (a bulk verb reads its set here, then calls the
-client for each job).
+run is planned for its own tab, so a plan kept from one tab never serves another. What this
+does not do: it changes no job (a bulk verb reads its set here, then calls the client for each
+job).
 """
 
 from __future__ import annotations
