@@ -315,3 +315,39 @@ def test_the_two_claims_differ_only_in_how_they_pick_their_jobs():
     assert writes(one) == writes(many)
     one_queue = scan(one).replace("(%(queues)s::text[])[1]", "q.name")
     assert one_queue.replace("(SELECT n FROM budget)", "budget.n") == scan(many)
+
+
+@pytest.mark.parametrize(
+    ("tab", "index"), [("failed", "jobs_failed_idx"), ("running", "jobs_processing_idx")]
+)
+def test_a_console_tab_given_as_a_parameter_reads_its_own_index(database_url, tab, index):
+    """The tab is a parameter of one statement, folded away when it is planned: on a long
+    history, the failed and running tabs read their partial indexes, not every row."""
+    from support import query
+
+    query(
+        database_url,
+        "INSERT INTO worker.jobs (task, status, finished_at, created_at) "
+        "SELECT 'add', 'completed', now(), now() - g * interval '1 s' "
+        "FROM generate_series(1, 100000) AS g",
+    )
+    query(
+        database_url,
+        "INSERT INTO worker.jobs (task, status, finished_at, worker_id) "
+        "SELECT 'add', s, CASE WHEN s = 'failed' THEN now() END, "
+        "CASE WHEN s = 'processing' THEN gen_random_uuid() END "
+        "FROM unnest(ARRAY['failed', 'processing']) AS s, generate_series(1, 20)",
+    )
+    query(database_url, "ANALYZE worker.jobs")
+    params = {**SAMPLES, "tab": tab, "q": None, "queue": None, "task": None, "since": None}
+    with psycopg.connect(database_url) as conn:
+        statement = STATEMENTS["console.LIST_JOBS"]
+        (plan,) = conn.execute(f"EXPLAIN (FORMAT JSON) {statement}", params).fetchone() or ()
+    nodes, scans = [plan[0]["Plan"]], []
+    while nodes:
+        node = nodes.pop()
+        nodes.extend(node.get("Plans", []))
+        if node.get("Relation Name") == "jobs" or "Index Name" in node:
+            scans.append((node["Node Type"], node.get("Index Name")))
+    assert any(name == index for _, name in scans), scans
+    assert ("Seq Scan", None) not in scans, scans
