@@ -2,8 +2,10 @@
 
 Each runs on a psycopg `AsyncConnection` the caller holds: the HTTP edge's pooled ones, or
 the `rollup` duty's own. The statements live in `worker.db.sql.console`, each with why it is
-safe. What this does not do: it changes no job (a bulk verb reads its set here, then calls the
-client for each job).
+safe. The ones that take a tab or a verb as a parameter run unprepared (`prepare=False`): each
+run is planned for its own tab, so a plan kept from one tab never serves another. What this
+does not do: it changes no job (a bulk verb reads its set here, then calls the client for each
+job).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
+from psycopg.rows import class_row
 from psycopg.types.json import Jsonb
 
 from worker.db.admin import Conn, JobRow, _rows
@@ -125,8 +128,10 @@ async def list_jobs(
     before_id: str | None = None,
 ) -> list[ConsoleJobRow]:
     """Up to `limit` jobs of the tab, newest first, plus one more when more follow."""
-    params = where.params(limit=limit + 1, **_keyset(before_at, before_id))
-    return await _rows(conn, ConsoleJobRow, sql.LIST_JOBS[where.tab.value], params)
+    params = where.params(tab=where.tab.value, limit=limit + 1, **_keyset(before_at, before_id))
+    async with conn.cursor(row_factory=class_row(ConsoleJobRow)) as cur:
+        await cur.execute(sql.LIST_JOBS, params, prepare=False)
+        return await cur.fetchall()
 
 
 async def count_tabs(conn: Conn, where: ConsoleFilter) -> dict[Tab, int]:
@@ -139,8 +144,8 @@ async def count_tabs(conn: Conn, where: ConsoleFilter) -> dict[Tab, int]:
 
 async def count_bulk(conn: Conn, where: ConsoleFilter, verb: BulkVerb) -> int:
     """How many jobs of the filter `verb` would change."""
-    statement = sql.BULK_COUNT[(where.tab.value, verb.value)]
-    row = await (await conn.execute(statement, where.params())).fetchone()
+    params = where.params(tab=where.tab.value, verb=verb.value)
+    row = await (await conn.execute(sql.BULK_COUNT, params, prepare=False)).fetchone()
     return int(row[0]) if row else 0
 
 
@@ -153,10 +158,10 @@ async def bulk_batch(
     before: tuple[datetime, str] | None,
 ) -> list[tuple[str, datetime]]:
     """The next `limit` ids of the set `verb` may change, after `before` (keyset)."""
-    statement = sql.BULK_IDS[(where.tab.value, verb.value)]
     before_at, before_id = before if before is not None else (None, None)
-    params = where.params(limit=limit, **_keyset(before_at, before_id))
-    rows = await (await conn.execute(statement, params)).fetchall()
+    params = where.params(tab=where.tab.value, verb=verb.value, limit=limit)
+    params.update(_keyset(before_at, before_id))
+    rows = await (await conn.execute(sql.BULK_IDS, params, prepare=False)).fetchall()
     return [(job_id, created_at) for job_id, created_at in rows]
 
 

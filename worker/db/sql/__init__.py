@@ -14,6 +14,16 @@ says in one line why it is safe. Callers name a statement as `sql.CLAIM`, wherev
 - `schedules`: a periodic task's tick, fired once by any number of workers;
 - `admin`: the read-only questions of the HTTP edge, the CLI and the metrics, the CLI's
   bulk writes, and the demo's and the bench's questions about their own jobs.
+
+Each statement is one string, whole, as psql would take it. What statements share is either
+repeated (a line or two) or a function or view of the schema (its migration says why).
+
+The outcome guard: every write an attempt makes (its outcome, a stage's bookkeeping, a failure
+for good) applies only while the attempt holds the job, `j.status = 'processing' AND
+j.worker_id = %(worker_id)s AND j.retry_count = <the retry count it was claimed with>`. A job
+rescued from this worker (then finished by another, or claimed again by this one) is never
+overwritten by the attempt the rescue ended. `tests/test_statements.py` checks that each such
+write carries it.
 """
 
 from worker.db.sql.actions import (

@@ -1,7 +1,5 @@
 """What operators and clients do to one job: cancel, resume, retry, read; and retention."""
 
-from worker.db.sql.enqueue import KEY_HELD
-
 # Safe: the row lock orders this against a claim and an outcome. A job that is not running
 # and owes no ALL_DONE cleanup is cancelled at once. A running job only gets the request (a
 # worker honours it at the next stage boundary, then runs the cleanup). A waiting job whose
@@ -44,11 +42,15 @@ RETURNING id, pg_notify('worker_jobs', queue) IS NULL AS _
 # from 1 again and the stage runner tells an owed cleanup by attempt number (nothing is owed
 # here: a job only becomes failed or cancelled once its cleanup ran).
 # A job whose unique key another live job holds stays as it is (`jobs_unique_key_idx`).
-RETRY = f"""
+RETRY = """
 WITH job AS (
     UPDATE worker.jobs AS j SET status = 'pending', retry_count = 0, run_at = now(),
            finished_at = NULL, cancel_requested = false, error = NULL, final_error = NULL
-    WHERE id = %(id)s AND status IN ('failed', 'cancelled') AND NOT {KEY_HELD}
+    WHERE id = %(id)s AND status IN ('failed', 'cancelled')
+      AND NOT EXISTS (SELECT FROM worker.jobs AS holder
+                      WHERE holder.unique_key = j.unique_key
+                        AND holder.status IN ('pending', 'processing', 'paused')
+                        AND holder.id <> j.id)
     RETURNING id, queue
 ), renumbered AS (
     UPDATE worker.job_stages AS s SET attempt = 0 FROM job WHERE s.job_id = job.id

@@ -4,8 +4,6 @@
 about their own jobs are here too. What this does not hold: one job's verbs (`actions`).
 """
 
-from worker.db.sql.enqueue import KEY_HELD
-
 # Read-only: counts per queue and status; the pending age counts from when a job became due
 # (`run_at`), so a job delayed on purpose is not reported as waiting.
 JOB_STATS = """
@@ -95,14 +93,17 @@ WHERE status = %(status)s::text AND status IN ('failed', 'cancelled')
 # worker or an operator holding a row; moved rows leave the filter (and the cutoff keeps them
 # out if they fail again), so repeating the statement walks the set once. Same reset as RETRY;
 # one NOTIFY per queue and batch.
-RETRY_BATCH = f"""
+RETRY_BATCH = """
 WITH batch AS (
     SELECT id, unique_key FROM worker.jobs AS j
     WHERE status = %(status)s::text AND status IN ('failed', 'cancelled')
       AND (%(task)s::text IS NULL OR task = %(task)s::text)
       AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
       AND (finished_at <= %(cutoff)s::timestamptz OR finished_at IS NULL)
-      AND NOT {KEY_HELD}
+      AND NOT EXISTS (SELECT FROM worker.jobs AS holder
+                      WHERE holder.unique_key = j.unique_key
+                        AND holder.status IN ('pending', 'processing', 'paused')
+                        AND holder.id <> j.id)
     LIMIT %(batch)s
     FOR UPDATE SKIP LOCKED
 ), moved AS (

@@ -1,7 +1,5 @@
 """The worker's hot path: the claim, and the write of each attempt's outcome."""
 
-from worker.db.sql.guard import held_by_attempt
-
 
 def _compact(statement: str) -> str:
     """The statement without its indentation: psycopg keeps the parse of a statement only up
@@ -9,33 +7,128 @@ def _compact(statement: str) -> str:
     return "\n".join(line.strip() for line in statement.splitlines() if line.strip())
 
 
-# Every claim renews the worker's lease, and claims nothing if its row is gone: a rescuer
-# removed it after a silent lease (a stall, a partition), and jobs it claimed now would look
-# orphaned at once, to be run elsewhere while it runs them. It claims again once its heartbeat
-# has registered it anew. A rescuer deleting the row meanwhile waits for the claim, then finds
-# the lease fresh.
+# The claim comes in two forms, which differ only in how they pick the jobs (`next`): the
+# lease before it and the writes after it are the same text in both, as is the scan of one
+# queue (`tests/test_statements.py` holds them to it).
+#
+# Safe: SKIP LOCKED gives each pending row to exactly one claimer; the CTE fences the LIMIT
+# before the UPDATE, so a worker never takes more jobs than it has free slots, nor more of a
+# queue than its budget (`worker.queue_budget`, migration 0008: a pause, a concurrency limit,
+# a rate); within a queue a priority is only scanned while that LIMIT is not met, so no row
+# beyond it is locked.
+#
+# `lease`: every claim renews the worker's lease, and claims nothing if its row is gone: a
+# rescuer removed it after a silent lease (a stall, a partition), and jobs it claimed now would
+# look orphaned at once, to be run elsewhere while it runs them. It claims again once its
+# heartbeat has registered it anew. A rescuer deleting the row meanwhile waits for the claim,
+# then finds the lease fresh.
 #
 # The claim alone commits without waiting for its WAL to reach the disk: `set_config(...,
 # true)` turns `synchronous_commit` off for this transaction only, inside the statement, so no
 # session keeps the setting (a pooled connection's next transaction commits as usual). That
 # costs no guarantee. A claim lost in a server crash leaves its job `pending`, its attempt
 # unchanged; the worker that held it can write nothing for it, since every outcome and stage
-# write is guarded by `processing` AND its worker id AND the attempt (`sql/guard.py`), and the
+# write is guarded by `processing` AND its worker id AND the attempt (the outcome guard), and the
 # job runs again: the at-least-once a worker crash gives. Enqueues, outcomes and stage writes
 # keep waiting for the flush: losing one of those would lose a job or a finished result.
-_LEASE = """
+#
+# `next`, for one queue: its due pending jobs in claim order (priority; within it, jobs started
+# before ahead of jobs never started; then due time), locked: at most the queue's budget of
+# them (what `worker.queue_budget` allows), none whose concurrency key is at its task's limit
+# (`worker.concurrency_key_free`, 1 for a task that sets none), and, while the budget is
+# spent, the jobs that only settle (their cancel was requested, or an attempt failed them for
+# good before their cleanups ran: `j.cancel_requested OR j.final_error IS NOT NULL`), which no
+# pause, limit or concurrency key holds back.
+#
+# Work already started comes first: a snoozed stage polling for its export, a retry or a
+# rescued job would otherwise wait behind every job enqueued before it became due again, and a
+# backlog of new jobs would starve it past its deadline.
+#
+# Two short scans of jobs_runnable_idx per priority present, highest first: the started jobs',
+# then the new jobs' (the second runs only if the first held too few), each stopping at the
+# first job not due yet; the next priority is found by one index probe, and only if the ones
+# before held too few due jobs. A queue with fewer due jobs than the claim's limit (an idle
+# one) costs a probe and two scans per priority its pending jobs use, due or not: at most 201
+# (`PRIORITY_RANGE`), usually one or two. One ordered scan of the whole queue instead would
+# walk every job due later, however many are scheduled for tomorrow.
+#
+# Only the tasks the worker registered (`tasks`) are claimed, in both branches: a job of
+# another task waits for a worker that has it (a newer release in a rolling deploy), never
+# failed for a name this one lacks; the claimer of a job that only settles runs its cleanups,
+# so it needs the task too. Such a job shows in `worker.unserved_tasks` while no live worker
+# serves it.
+# A job this worker still runs, or whose outcome it has not written yet, is skipped (`running`):
+# after a missed lease a rescued job waits for its old attempt here to end, or goes to another
+# worker; never two attempts at once. A job whose claim a server crash lost (its attempt
+# unchanged) is not claimed again here before the old attempt's outcome is refused.
+#
+# `claimed`: what a claim does with the jobs `next` picked: mark them ours and, for a pipeline
+# job with no stage row yet, start its first stage in the same commit. The jobs are found by
+# primary key probes (`= ANY(ARRAY(...))`) whatever the limit: the claim runs on a plan made
+# for any limit (`worker.db.postgres.claim_pool`), and a join alone would then hash the whole
+# table. `started_at` is the moment the row is taken, not the statement's start: a claim that
+# waited (a key's lock, a busy server) takes a job once the job before it on its key has
+# finished.
+#
+# A worker of one queue (the usual case) claims with the scans of that queue alone: on an idle
+# queue its round trip is shorter than the several-queue form's.
+CLAIM_ONE_QUEUE = _compact(
+    """
 WITH lease AS (
     UPDATE worker.workers SET heartbeat_at = now() WHERE id = %(worker_id)s
     RETURNING id, set_config('synchronous_commit', 'off', true) AS commit_mode
-)"""
-
-# What a claim does with the jobs its `next` CTE picked: mark them ours and, for a pipeline
-# job with no stage row yet, start its first stage in the same commit. The jobs are found by
-# primary key probes (`= ANY(ARRAY(...))`) whatever the limit: the claim runs on a plan made
-# for any limit (`worker.db.postgres.claim_pool`), and a join alone would then hash the whole table.
-# `started_at` is the moment the row is taken, not the statement's start: a claim that waited
-# (a key's lock, a busy server) takes a job once the job before it on its key has finished.
-_CLAIMED = """), claimed AS (
+), budget AS (
+    SELECT worker.queue_budget((%(queues)s::text[])[1], %(limit)s) AS n
+), next AS (
+    WITH RECURSIVE level AS (
+        (SELECT priority FROM worker.jobs
+         WHERE status = 'pending' AND queue = (%(queues)s::text[])[1]
+           AND EXISTS (SELECT FROM lease)
+         ORDER BY priority DESC LIMIT 1)
+        UNION ALL
+        SELECT (SELECT j.priority FROM worker.jobs AS j
+                WHERE j.status = 'pending' AND j.queue = (%(queues)s::text[])[1]
+                  AND j.priority < level.priority
+                ORDER BY j.priority DESC LIMIT 1)
+        FROM level WHERE level.priority IS NOT NULL
+    )
+    (SELECT d.* FROM level CROSS JOIN LATERAL (
+        -- A priority's started jobs, then its new ones: the phases loop inside the level, so
+        -- no plan can take every level's started jobs before a higher level's new ones.
+        SELECT p.* FROM (VALUES (false), (true)) AS phase(fresh) CROSS JOIN LATERAL (
+            SELECT id, priority, run_at, error, started_at IS NULL AS fresh
+            FROM worker.jobs AS j
+            WHERE j.status = 'pending' AND j.queue = (%(queues)s::text[])[1]
+              AND j.priority = level.priority
+              AND (j.started_at IS NULL) = phase.fresh
+              AND j.run_at <= now() AND j.id <> ALL(%(running)s::uuid[])
+              AND j.task = ANY(%(tasks)s::text[])
+              AND EXISTS (SELECT FROM lease)
+              AND CASE WHEN j.concurrency_key IS NULL
+                            OR (j.cancel_requested OR j.final_error IS NOT NULL) THEN true
+                       ELSE worker.concurrency_key_free(j.concurrency_key, coalesce(
+                           (SELECT m.n FROM unnest(%(key_tasks)s::text[], %(key_limits)s::int[])
+                                AS m(task, n) WHERE m.task = j.task), 1)) END
+            ORDER BY j.run_at
+            LIMIT (SELECT n FROM budget)
+            FOR UPDATE SKIP LOCKED
+        ) AS p
+        LIMIT (SELECT n FROM budget)
+    ) AS d
+    LIMIT (SELECT n FROM budget))
+    UNION ALL
+    SELECT s.* FROM (
+        SELECT id, priority, run_at, error, started_at IS NULL AS fresh FROM worker.jobs AS j
+        WHERE (SELECT n FROM budget) = 0 AND j.status = 'pending'
+          AND j.queue = (%(queues)s::text[])[1]
+          AND (j.cancel_requested OR j.final_error IS NOT NULL)
+          AND j.run_at <= now() AND j.id <> ALL(%(running)s::uuid[])
+          AND j.task = ANY(%(tasks)s::text[])
+          AND EXISTS (SELECT FROM lease)
+        LIMIT %(limit)s
+        FOR UPDATE SKIP LOCKED
+    ) AS s
+), claimed AS (
     UPDATE worker.jobs AS j
     SET status = 'processing', worker_id = %(worker_id)s, started_at = clock_timestamp(),
         error = NULL
@@ -73,123 +166,113 @@ SELECT c.*, c.id IN (SELECT job_id FROM first_stage) AS first_stage_started
 FROM claimed AS c JOIN next ON next.id = c.id
 ORDER BY next.priority DESC, next.fresh, next.run_at
 """
-
-
-# A job that only settles: its cancel was requested, or an attempt failed it for good before
-# its cleanups ran. No pause, limit or concurrency key holds it back.
-_SETTLES = "(j.cancel_requested OR j.final_error IS NOT NULL)"
-
-
-def _due(queue: str, budget: str) -> str:
-    """The due pending jobs of one queue in claim order (priority; within it, jobs started
-    before ahead of jobs never started; then due time), locked: at most `budget` of them (what
-    `worker.queue_budget` allows), none whose concurrency key is at its task's limit
-    (`worker.concurrency_key_free`, 1 for a task that sets none), and, while the budget is
-    spent, the jobs that only settle (a cancel requested, or a failure for good whose cleanups
-    were lost), which no pause or limit holds back, nor their keys.
-
-    Work already started comes first: a snoozed stage polling for its export, a retry or a
-    rescued job would otherwise wait behind every job enqueued before it became due again,
-    and a backlog of new jobs would starve it past its deadline.
-
-    Two short scans of jobs_runnable_idx per priority present, highest first: the started
-    jobs', then the new jobs' (the second runs only if the first held too few), each stopping
-    at the first job not due yet; the next priority is found by one index probe, and only if
-    the ones before held too few due jobs. A queue with fewer due jobs than the claim's limit
-    (an idle one) costs a probe and two scans per priority its pending jobs use, due or not:
-    at most 201 (`PRIORITY_RANGE`), usually one or two. One ordered scan of the whole queue
-    instead would walk every job due later, however many are scheduled for tomorrow.
-    """
-    return f"""
-    WITH RECURSIVE level AS (
-        (SELECT priority FROM worker.jobs
-         WHERE status = 'pending' AND queue = {queue} AND EXISTS (SELECT FROM lease)
-         ORDER BY priority DESC LIMIT 1)
-        UNION ALL
-        SELECT (SELECT j.priority FROM worker.jobs AS j
-                WHERE j.status = 'pending' AND j.queue = {queue} AND j.priority < level.priority
-                ORDER BY j.priority DESC LIMIT 1)
-        FROM level WHERE level.priority IS NOT NULL
-    )
-    (SELECT d.* FROM level CROSS JOIN LATERAL (
-        -- A priority's started jobs, then its new ones: the phases loop inside the level, so
-        -- no plan can take every level's started jobs before a higher level's new ones.
-        SELECT p.* FROM (VALUES (false), (true)) AS phase(fresh) CROSS JOIN LATERAL (
-            SELECT id, priority, run_at, error, started_at IS NULL AS fresh
-            FROM worker.jobs AS j
-            WHERE j.status = 'pending' AND j.queue = {queue} AND j.priority = level.priority
-              AND (j.started_at IS NULL) = phase.fresh
-              AND j.run_at <= now() AND j.id <> ALL(%(running)s::uuid[])
-              AND j.task = ANY(%(tasks)s::text[])
-              AND EXISTS (SELECT FROM lease)
-              AND CASE WHEN j.concurrency_key IS NULL OR {_SETTLES} THEN true
-                       ELSE worker.concurrency_key_free(j.concurrency_key, coalesce(
-                           (SELECT m.n FROM unnest(%(key_tasks)s::text[], %(key_limits)s::int[])
-                                AS m(task, n) WHERE m.task = j.task), 1)) END
-            ORDER BY j.run_at
-            LIMIT {budget}
-            FOR UPDATE SKIP LOCKED
-        ) AS p
-        LIMIT {budget}
-    ) AS d
-    LIMIT {budget})
-    UNION ALL
-    SELECT s.* FROM (
-        SELECT id, priority, run_at, error, started_at IS NULL AS fresh FROM worker.jobs AS j
-        WHERE {budget} = 0 AND j.status = 'pending' AND j.queue = {queue}
-          AND {_SETTLES}
-          AND j.run_at <= now() AND j.id <> ALL(%(running)s::uuid[])
-          AND j.task = ANY(%(tasks)s::text[])
-          AND EXISTS (SELECT FROM lease)
-        LIMIT %(limit)s
-        FOR UPDATE SKIP LOCKED
-    ) AS s"""
-
-
-# Safe: SKIP LOCKED gives each pending row to exactly one claimer; the CTE fences the LIMIT
-# before the UPDATE, so a worker never takes more jobs than it has free slots, nor more of a
-# queue than its budget (`worker.queue_budget`, migration 0008: a pause, a concurrency limit,
-# a rate); within a queue a priority is only scanned while that LIMIT is not met, so no row
-# beyond it is locked.
-# Only the tasks the worker registered (`tasks`) are claimed, in both branches: a job of
-# another task waits for a worker that has it (a newer release in a rolling deploy), never
-# failed for a name this one lacks; the claimer of a job that only settles runs its cleanups,
-# so it needs the task too. Such a job shows in `worker.unserved_tasks` while no live worker
-# serves it.
-# A job this worker still runs, or whose outcome it has not written yet, is skipped (`running`):
-# after a missed lease a rescued job waits for its old attempt here to end, or goes to another
-# worker; never two attempts at once. A job whose claim a server crash lost (its attempt
-# unchanged) is not claimed again here before the old attempt's outcome is refused.
-# A worker of one queue (the usual case) claims with the scans of that queue alone: on an idle
-# queue its round trip is shorter than the several-queue form's.
-CLAIM_ONE_QUEUE = _compact(
-    _LEASE
-    + """, budget AS (
-    SELECT worker.queue_budget((%(queues)s::text[])[1], %(limit)s) AS n
-), next AS ("""
-    + _due("(%(queues)s::text[])[1]", "(SELECT n FROM budget)")
-    + _CLAIMED
 )
 
 # The same for a worker of several queues: the scans of each queue (`queue = ANY(...)` cannot
 # use the index order, and sorting every pending row would make each claim cost O(backlog)).
 # Rows a queue locked beyond the outer LIMIT are released at commit.
 CLAIM = _compact(
-    _LEASE
-    + """, next AS (
+    """
+WITH lease AS (
+    UPDATE worker.workers SET heartbeat_at = now() WHERE id = %(worker_id)s
+    RETURNING id, set_config('synchronous_commit', 'off', true) AS commit_mode
+), next AS (
     SELECT c.* FROM unnest(%(queues)s::text[]) AS q(name)
     CROSS JOIN LATERAL (SELECT worker.queue_budget(q.name, %(limit)s) AS n) AS budget
-    CROSS JOIN LATERAL ("""
-    + _due("q.name", "budget.n")
-    + """
+    CROSS JOIN LATERAL (
+        WITH RECURSIVE level AS (
+            (SELECT priority FROM worker.jobs
+             WHERE status = 'pending' AND queue = q.name
+               AND EXISTS (SELECT FROM lease)
+             ORDER BY priority DESC LIMIT 1)
+            UNION ALL
+            SELECT (SELECT j.priority FROM worker.jobs AS j
+                    WHERE j.status = 'pending' AND j.queue = q.name
+                      AND j.priority < level.priority
+                    ORDER BY j.priority DESC LIMIT 1)
+            FROM level WHERE level.priority IS NOT NULL
+        )
+        (SELECT d.* FROM level CROSS JOIN LATERAL (
+            -- A priority's started jobs, then its new ones: the phases loop inside the level, so
+            -- no plan can take every level's started jobs before a higher level's new ones.
+            SELECT p.* FROM (VALUES (false), (true)) AS phase(fresh) CROSS JOIN LATERAL (
+                SELECT id, priority, run_at, error, started_at IS NULL AS fresh
+                FROM worker.jobs AS j
+                WHERE j.status = 'pending' AND j.queue = q.name
+                  AND j.priority = level.priority
+                  AND (j.started_at IS NULL) = phase.fresh
+                  AND j.run_at <= now() AND j.id <> ALL(%(running)s::uuid[])
+                  AND j.task = ANY(%(tasks)s::text[])
+                  AND EXISTS (SELECT FROM lease)
+                  AND CASE WHEN j.concurrency_key IS NULL
+                                OR (j.cancel_requested OR j.final_error IS NOT NULL) THEN true
+                           ELSE worker.concurrency_key_free(j.concurrency_key, coalesce(
+                               (SELECT m.n
+                                FROM unnest(%(key_tasks)s::text[], %(key_limits)s::int[])
+                                    AS m(task, n) WHERE m.task = j.task), 1)) END
+                ORDER BY j.run_at
+                LIMIT budget.n
+                FOR UPDATE SKIP LOCKED
+            ) AS p
+            LIMIT budget.n
+        ) AS d
+        LIMIT budget.n)
+        UNION ALL
+        SELECT s.* FROM (
+            SELECT id, priority, run_at, error, started_at IS NULL AS fresh FROM worker.jobs AS j
+            WHERE budget.n = 0 AND j.status = 'pending'
+              AND j.queue = q.name
+              AND (j.cancel_requested OR j.final_error IS NOT NULL)
+              AND j.run_at <= now() AND j.id <> ALL(%(running)s::uuid[])
+              AND j.task = ANY(%(tasks)s::text[])
+              AND EXISTS (SELECT FROM lease)
+            LIMIT %(limit)s
+            FOR UPDATE SKIP LOCKED
+        ) AS s
     ) AS c
     ORDER BY c.priority DESC, c.fresh, c.run_at
     LIMIT %(limit)s
+), claimed AS (
+    UPDATE worker.jobs AS j
+    SET status = 'processing', worker_id = %(worker_id)s, started_at = clock_timestamp(),
+        error = NULL
+    FROM next WHERE j.id = ANY(ARRAY(SELECT id FROM next)) AND j.id = next.id
+    RETURNING j.id, j.task, j.payload, j.queue, j.priority, j.retry_count,
+              coalesce(j.max_retries,
+                       (SELECT m.n FROM unnest(%(retry_tasks)s::text[], %(retry_limits)s::int[])
+                            AS m(task, n) WHERE m.task = j.task),
+                       %(default_max_retries)s) AS max_retries,
+              j.cancel_requested, j.answer, next.error AS last_error, j.final_error,
+              j.trace_context
+), first_stage AS (
+    -- A pipeline job with no stage row yet starts its first stage with the claim: one commit
+    -- less per job. Jobs that will not run (as `settled_before_start`) get no row. Only the
+    -- claimer writes a job's stages: it holds the job's row.
+    INSERT INTO worker.job_stages (job_id, stage, kind, status, attempt)
+    SELECT c.id, p.stage, 'stage', 'running', c.retry_count + 1
+    FROM claimed AS c
+    JOIN unnest(%(pipelines)s::text[], %(first_stages)s::text[]) AS p(task, stage)
+        ON p.task = c.task
+    WHERE NOT c.cancel_requested AND c.retry_count <= c.max_retries
+      AND NOT EXISTS (SELECT FROM worker.job_stages AS s WHERE s.job_id = c.id)
+    ON CONFLICT (job_id, stage) DO NOTHING
+    RETURNING job_id
+), spent AS (
+    -- A rate-limited queue's bucket pays for the jobs claimed from it: `worker.queue_budget`
+    -- locked its row, so no other claim spends meanwhile.
+    UPDATE worker.queues AS q
+    SET tokens = worker.queue_tokens(q) - c.n, refilled_at = now()
+    FROM (SELECT queue, count(*) AS n FROM claimed GROUP BY queue) AS c
+    WHERE q.name = c.queue AND q.rate IS NOT NULL
+)
+-- In claim order: the worker starts jobs it claimed ahead of its free slots in this order.
+SELECT c.*, c.id IN (SELECT job_id FROM first_stage) AS first_stage_started
+FROM claimed AS c JOIN next ON next.id = c.id
+ORDER BY next.priority DESC, next.fresh, next.run_at
 """
-    + _CLAIMED
 )
 
-# Safe: guarded by the outcome guard (`held_by_attempt`: processing, ours, in the attempt that
+# Safe: guarded by the outcome guard (processing, ours, in the attempt that
 # claimed it), so a job rescued from this worker (then finished by another, or claimed again by
 # this one) is never overwritten by the attempt the rescue ended; the NOTIFY is sent at commit,
 # after the rows are visible, so a waiter woken by it reads the final state.
@@ -215,9 +298,7 @@ WITH r AS (
         stage text, stage_status text, stage_output json)
 ), mine AS MATERIALIZED (
     SELECT j.id FROM worker.jobs AS j JOIN r ON r.id = j.id
-    WHERE """
-    + held_by_attempt("j", "r.retries")
-    + """
+    WHERE j.status = 'processing' AND j.worker_id = %(worker_id)s AND j.retry_count = r.retries
     FOR NO KEY UPDATE OF j SKIP LOCKED
 ), done AS (
     UPDATE worker.jobs AS j SET
@@ -273,8 +354,8 @@ FROM done
 UNION ALL
 SELECT r.id, NULL, NULL, NULL, NULL, NULL, NULL FROM r
 WHERE NOT EXISTS (SELECT FROM mine WHERE mine.id = r.id)
-  AND EXISTS (SELECT FROM worker.jobs AS j WHERE j.id = r.id AND """
-    + held_by_attempt("j", "r.retries")
-    + """)
+  AND EXISTS (SELECT FROM worker.jobs AS j
+              WHERE j.id = r.id AND j.status = 'processing' AND j.worker_id = %(worker_id)s
+                AND j.retry_count = r.retries)
 """
 )

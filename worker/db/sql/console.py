@@ -5,98 +5,68 @@ with the jobs they hold, the charts, and the rollup the workers write for them.
 bulk verb calls for each job of its set.
 """
 
-# Which jobs each tab of the console lists; a tab names a job's state as an operator reads it,
-# so a pending job is `scheduled` while it is not due, `retrying` once an attempt failed.
-TABS = {
-    "running": "j.status = 'processing'",
-    "queued": "j.status = 'pending' AND j.run_at <= now() AND j.retry_count = 0",
-    "scheduled": "j.status = 'pending' AND j.run_at > now() AND j.retry_count = 0",
-    "retrying": "j.status = 'pending' AND j.retry_count > 0",
-    "paused": "j.status = 'paused'",
-    "failed": "j.status = 'failed'",
-    "cancelled": "j.status = 'cancelled'",
-    "completed": "j.status = 'completed'",
-    "all": "true",
-}
+# The console's job sets are asked of each row through the schema's functions (migration
+# 0015): `worker.in_console_tab` (a tab: a job's state as an operator reads it),
+# `worker.bulk_verb_applies` (which jobs a bulk verb may change) and `worker.console_search`
+# (a NULL argument skips its filter; the search is a substring of the id, the task, the
+# payload's JSON or the error). PostgreSQL inlines them, and folds a tab or verb given as a
+# parameter into the tab's own conditions, so each tab keeps its own plan (its partial index):
+# `worker.db.console` has these statements planned for their parameters at every run, never
+# from a plan kept for another tab.
 
-# A NULL parameter skips its filter. The search is a substring of the id, the task, the
-# payload's JSON or the error, case-insensitive; strpos, not LIKE, so `%` and `_` are plain.
-# `since`: the job's latest move (finished, else started, else created) at or after it.
-FILTER = """
-  AND (%(queue)s::text IS NULL OR j.queue = %(queue)s::text)
-  AND (%(task)s::text IS NULL OR j.task = %(task)s::text)
-  AND (%(since)s::timestamptz IS NULL
-       OR coalesce(j.finished_at, j.started_at, j.created_at) >= %(since)s::timestamptz)
-  AND (%(q)s::text IS NULL
-       OR strpos(j.id::text, lower(%(q)s::text)) > 0
-       OR strpos(lower(j.task), lower(%(q)s::text)) > 0
-       OR strpos(lower(j.payload::text), lower(%(q)s::text)) > 0
-       OR strpos(lower(coalesce(j.error, '')), lower(%(q)s::text)) > 0)
-"""
-
-# Keyset on (created_at, id), newest first, as `GET /jobs`: rows inserted meanwhile never
-# shift a page.
-_KEYSET = """
-  AND (%(before_at)s::timestamptz IS NULL
-       OR (j.created_at, j.id) < (%(before_at)s::timestamptz, %(before_id)s::uuid))
-"""
-
-# Read-only: one page of a tab, one row more than the page to tell whether more follow; the
-# worker holding a running job comes with it.
-_LIST = """
+# Read-only: one page of a tab, newest first, one row more than the page to tell whether more
+# follow; the worker holding a running job comes with it. Keyset on (created_at, id), as
+# `GET /jobs`: rows inserted meanwhile never shift a page.
+LIST_JOBS = """
 SELECT j.id, j.queue, j.task, j.status, j.priority, j.retry_count, j.max_retries,
        split_part(j.error, E'\\n', 1) AS error, j.created_at, j.run_at, j.started_at,
        j.finished_at, j.cancel_requested, w.hostname AS worker_host, w.pid AS worker_pid
 FROM worker.jobs AS j LEFT JOIN worker.workers AS w ON w.id = j.worker_id
-WHERE {tab} {filter} {keyset}
+WHERE worker.in_console_tab(j, %(tab)s::text)
+  AND worker.console_search(j, %(queue)s::text, %(task)s::text, %(since)s::timestamptz,
+                            %(q)s::text)
+  AND (%(before_at)s::timestamptz IS NULL
+       OR (j.created_at, j.id) < (%(before_at)s::timestamptz, %(before_id)s::uuid))
 ORDER BY j.created_at DESC, j.id DESC
 LIMIT %(limit)s
 """
-LIST_JOBS = {
-    tab: _LIST.format(tab=where, filter=FILTER, keyset=_KEYSET) for tab, where in TABS.items()
-}
 
 # Read-only: how many jobs each tab holds under the same search; finished jobs but the failed
 # are left out, so the count reads live rows and the failed ones (`jobs_failed_idx`) only.
-COUNT_TABS = f"""
-SELECT count(*) FILTER (WHERE {TABS["running"]}) AS running,
-       count(*) FILTER (WHERE {TABS["queued"]}) AS queued,
-       count(*) FILTER (WHERE {TABS["scheduled"]}) AS scheduled,
-       count(*) FILTER (WHERE {TABS["retrying"]}) AS retrying,
-       count(*) FILTER (WHERE {TABS["paused"]}) AS paused,
-       count(*) FILTER (WHERE {TABS["failed"]}) AS failed
+COUNT_TABS = """
+SELECT count(*) FILTER (WHERE worker.in_console_tab(j, 'running')) AS running,
+       count(*) FILTER (WHERE worker.in_console_tab(j, 'queued')) AS queued,
+       count(*) FILTER (WHERE worker.in_console_tab(j, 'scheduled')) AS scheduled,
+       count(*) FILTER (WHERE worker.in_console_tab(j, 'retrying')) AS retrying,
+       count(*) FILTER (WHERE worker.in_console_tab(j, 'paused')) AS paused,
+       count(*) FILTER (WHERE worker.in_console_tab(j, 'failed')) AS failed
 FROM worker.jobs AS j
-WHERE j.status IN ('processing', 'pending', 'paused', 'failed') {FILTER}
+WHERE j.status IN ('processing', 'pending', 'paused', 'failed')
+  AND worker.console_search(j, %(queue)s::text, %(task)s::text, %(since)s::timestamptz,
+                            %(q)s::text)
 """
 
-# Which jobs of a tab each bulk verb may change: a retry takes the finished ones that did not
-# complete, a cancel the live ones not already asked to stop (so a walk never meets one twice).
-VERB_STATUSES = {
-    "retry": "j.status IN ('failed', 'cancelled')",
-    "cancel": "j.status IN ('pending', 'paused', 'processing') AND NOT j.cancel_requested",
-}
-
-# Read-only: one batch of a bulk verb's set, walked by keyset; each job is then changed by the
-# one-job statement (`RETRY`, `CANCEL`), whose row lock and rules apply to it as to a click.
-_BULK_IDS = """
+# Read-only: one batch of a bulk verb's set in a tab, walked by keyset; each job is then changed
+# by the one-job statement (`RETRY`, `CANCEL`), whose row lock and rules apply to it as to a
+# click.
+BULK_IDS = """
 SELECT j.id::text AS id, j.created_at FROM worker.jobs AS j
-WHERE {tab} AND {verb} {filter} {keyset}
+WHERE worker.in_console_tab(j, %(tab)s::text) AND worker.bulk_verb_applies(j, %(verb)s::text)
+  AND worker.console_search(j, %(queue)s::text, %(task)s::text, %(since)s::timestamptz,
+                            %(q)s::text)
+  AND (%(before_at)s::timestamptz IS NULL
+       OR (j.created_at, j.id) < (%(before_at)s::timestamptz, %(before_id)s::uuid))
 ORDER BY j.created_at DESC, j.id DESC
 LIMIT %(limit)s
 """
-BULK_IDS = {
-    (tab, verb): _BULK_IDS.format(tab=where, verb=allowed, filter=FILTER, keyset=_KEYSET)
-    for tab, where in TABS.items()
-    for verb, allowed in VERB_STATUSES.items()
-}
 
-# Read-only: how many jobs a bulk verb would change, for its confirmation.
-_BULK_COUNT = "SELECT count(*) FROM worker.jobs AS j WHERE {tab} AND {verb} {filter}"
-BULK_COUNT = {
-    (tab, verb): _BULK_COUNT.format(tab=where, verb=allowed, filter=FILTER)
-    for tab, where in TABS.items()
-    for verb, allowed in VERB_STATUSES.items()
-}
+# Read-only: how many jobs of a tab a bulk verb would change, for its confirmation.
+BULK_COUNT = """
+SELECT count(*) FROM worker.jobs AS j
+WHERE worker.in_console_tab(j, %(tab)s::text) AND worker.bulk_verb_applies(j, %(verb)s::text)
+  AND worker.console_search(j, %(queue)s::text, %(task)s::text, %(since)s::timestamptz,
+                            %(q)s::text)
+"""
 
 # Read-only: what the job view adds to `GET /jobs/{id}`: the worker holding the job and how
 # long ago it beat, the stages its task runs as the workers registered them, and the retry

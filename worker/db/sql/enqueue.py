@@ -1,18 +1,10 @@
 """Enqueueing: one job, a batch, and their idempotent twins for a retry after a lost connection."""
 
-from worker.schema import LIVE
-
-# Another live job holds the unique key of the job `j`: `j` may not become live again
-# meanwhile (the partial unique index `jobs_unique_key_idx` would refuse it). Retries check it.
-KEY_HELD = f"""EXISTS (
-    SELECT FROM worker.jobs AS holder
-    WHERE holder.unique_key = j.unique_key AND holder.{LIVE} AND holder.id <> j.id)"""
-
 # The statement trigger `worker.jobs_notify` sends one NOTIFY per inserting transaction and queue,
 # delivered at commit: in the caller's transaction, no worker sees or hears of the job before.
 # Casts are written CAST(x AS t) so the client can run this on any driver's connection. The
 # client makes the id (time-ordered, like the column default), so a retry can be idempotent.
-_INSERT_ONE = """
+ENQUEUE = """
 INSERT INTO worker.jobs (id, task, payload, queue, priority, run_at, max_retries, unique_key,
                          concurrency_key, trace_context)
 VALUES (CAST(%(id)s AS uuid), %(task)s, CAST(%(payload)s AS jsonb), %(queue)s,
@@ -21,14 +13,22 @@ VALUES (CAST(%(id)s AS uuid), %(task)s, CAST(%(payload)s AS jsonb), %(queue)s,
                  now() + make_interval(secs => CAST(%(delay)s AS float8))),
         CAST(%(max_retries)s AS integer), %(unique_key)s, %(concurrency_key)s,
         CAST(%(trace_context)s AS jsonb))
+RETURNING id, run_at
 """
-
-ENQUEUE = _INSERT_ONE + "RETURNING id, run_at\n"
 
 # ENQUEUE again after the connection died with the outcome unknown: if the first try did commit,
 # its row (same id) stands and nothing is inserted twice; `run_at` is read back either way.
-ENQUEUE_AGAIN = f"""
-WITH ins AS ({_INSERT_ONE}ON CONFLICT (id) DO NOTHING
+ENQUEUE_AGAIN = """
+WITH ins AS (
+    INSERT INTO worker.jobs (id, task, payload, queue, priority, run_at, max_retries, unique_key,
+                             concurrency_key, trace_context)
+    VALUES (CAST(%(id)s AS uuid), %(task)s, CAST(%(payload)s AS jsonb), %(queue)s,
+            CAST(%(priority)s AS smallint),
+            coalesce(CAST(%(run_at)s AS timestamptz),
+                     now() + make_interval(secs => CAST(%(delay)s AS float8))),
+            CAST(%(max_retries)s AS integer), %(unique_key)s, %(concurrency_key)s,
+            CAST(%(trace_context)s AS jsonb))
+    ON CONFLICT (id) DO NOTHING
     RETURNING id, run_at
 )
 SELECT id, run_at FROM ins
@@ -41,8 +41,20 @@ SELECT id, run_at FROM worker.jobs WHERE id = CAST(%(id)s AS uuid) AND NOT EXIST
 # the connection died: a first try that committed is found by its id. No row: the job holding
 # the key committed after this statement's snapshot (the insert waited for it), so it cannot
 # be read here; the caller runs this again, and a new snapshot sees it.
-ENQUEUE_UNIQUE = f"""
-WITH ins AS ({_INSERT_ONE}ON CONFLICT DO NOTHING
+# A live job is written `status IN ('pending', 'processing', 'paused')` here and wherever a
+# statement asks who holds a key: the predicate of `jobs_unique_key_idx` (`worker.schema.LIVE`)
+# as written, so the index serves the question.
+ENQUEUE_UNIQUE = """
+WITH ins AS (
+    INSERT INTO worker.jobs (id, task, payload, queue, priority, run_at, max_retries, unique_key,
+                             concurrency_key, trace_context)
+    VALUES (CAST(%(id)s AS uuid), %(task)s, CAST(%(payload)s AS jsonb), %(queue)s,
+            CAST(%(priority)s AS smallint),
+            coalesce(CAST(%(run_at)s AS timestamptz),
+                     now() + make_interval(secs => CAST(%(delay)s AS float8))),
+            CAST(%(max_retries)s AS integer), %(unique_key)s, %(concurrency_key)s,
+            CAST(%(trace_context)s AS jsonb))
+    ON CONFLICT DO NOTHING
     RETURNING id, run_at
 )
 SELECT id, run_at FROM ins
@@ -51,7 +63,8 @@ UNION ALL
  WHERE id = CAST(%(id)s AS uuid) AND NOT EXISTS (SELECT FROM ins)
  UNION ALL
  SELECT id, run_at FROM worker.jobs
- WHERE unique_key = %(unique_key)s AND {LIVE} AND NOT EXISTS (SELECT FROM ins)
+ WHERE unique_key = %(unique_key)s AND status IN ('pending', 'processing', 'paused')
+   AND NOT EXISTS (SELECT FROM ins)
  LIMIT 1)
 """
 
@@ -63,30 +76,39 @@ UNION ALL
 #  "d": delay seconds, "mr": max_retries or null, "u": unique_key or null, "ck":
 # concurrency_key or null}. Used in a caller's transaction (any driver) and for batches with
 # waiting jobs or keys; other batches go by ENQUEUE_MANY_COPY.
-_ROWS = """json_to_recordset(CAST(%(jobs)s AS json))
-    AS x(i uuid, t text, p json, q text, pr smallint, ra timestamptz, d float8, mr integer,
-         u text, ck text)"""
-_INSERT_MANY = f"""
+ENQUEUE_MANY = """
 INSERT INTO worker.jobs (id, task, payload, queue, priority, run_at, max_retries, unique_key,
                          concurrency_key, trace_context)
 SELECT i, t, CAST(p AS jsonb), q, pr, coalesce(ra, now() + make_interval(secs => d)), mr, u, ck,
        CAST(%(trace_context)s AS jsonb)
-FROM {_ROWS}
+FROM json_to_recordset(CAST(%(jobs)s AS json))
+    AS x(i uuid, t text, p json, q text, pr smallint, ra timestamptz, d float8, mr integer,
+         u text, ck text)
 """
-ENQUEUE_MANY = _INSERT_MANY
 
 # A batch with unique keys (no two of the batch share one): each row's job, inserted or the
 # live one already holding its key, as ENQUEUE_UNIQUE does for one; NULL where the holder
 # committed after this statement's snapshot (the caller asks again for those rows alone).
-ENQUEUE_MANY_UNIQUE = f"""
-WITH ins AS ({_INSERT_MANY}ON CONFLICT DO NOTHING
+ENQUEUE_MANY_UNIQUE = """
+WITH ins AS (
+    INSERT INTO worker.jobs (id, task, payload, queue, priority, run_at, max_retries, unique_key,
+                             concurrency_key, trace_context)
+    SELECT i, t, CAST(p AS jsonb), q, pr, coalesce(ra, now() + make_interval(secs => d)), mr,
+           u, ck, CAST(%(trace_context)s AS jsonb)
+    FROM json_to_recordset(CAST(%(jobs)s AS json))
+        AS x(i uuid, t text, p json, q text, pr smallint, ra timestamptz, d float8, mr integer,
+             u text, ck text)
+    ON CONFLICT DO NOTHING
     RETURNING id
 )
 SELECT x.i AS asked, coalesce(
     (SELECT ins.id FROM ins WHERE ins.id = x.i),
     (SELECT j.id FROM worker.jobs AS j WHERE j.id = x.i),
-    (SELECT j.id FROM worker.jobs AS j WHERE j.unique_key = x.u AND j.{LIVE})) AS id
-FROM {_ROWS}
+    (SELECT j.id FROM worker.jobs AS j
+     WHERE j.unique_key = x.u AND j.status IN ('pending', 'processing', 'paused'))) AS id
+FROM json_to_recordset(CAST(%(jobs)s AS json))
+    AS x(i uuid, t text, p json, q text, pr smallint, ra timestamptz, d float8, mr integer,
+         u text, ck text)
 """
 
 # A batch of jobs that all run now, on the client's own connection: COPY, as it is quicker than
@@ -103,4 +125,13 @@ ENQUEUE_MANY_COPY_TRACED = (
 # ENQUEUE_MANY (or its COPY) again after the connection died with the outcome unknown: the batch
 # is one statement, so it committed whole or not at all; the ids make the second try a no-op if
 # it did.
-ENQUEUE_MANY_AGAIN = ENQUEUE_MANY + "ON CONFLICT (id) DO NOTHING\n"
+ENQUEUE_MANY_AGAIN = """
+INSERT INTO worker.jobs (id, task, payload, queue, priority, run_at, max_retries, unique_key,
+                         concurrency_key, trace_context)
+SELECT i, t, CAST(p AS jsonb), q, pr, coalesce(ra, now() + make_interval(secs => d)), mr, u, ck,
+       CAST(%(trace_context)s AS jsonb)
+FROM json_to_recordset(CAST(%(jobs)s AS json))
+    AS x(i uuid, t text, p json, q text, pr smallint, ra timestamptz, d float8, mr integer,
+         u text, ck text)
+ON CONFLICT (id) DO NOTHING
+"""

@@ -1,7 +1,5 @@
 """A pipeline's stage bookkeeping."""
 
-from worker.db.sql.guard import held_by_attempt
-
 # The stage bookkeeping of any number of running jobs in one statement, so one commit: each
 # write ends a stage (`ended`, with `status`, `output`, `error`), starts one (`started`), or
 # both, which stores a stage's output before the next one runs with no gap in which the attempt
@@ -15,17 +13,14 @@ from worker.db.sql.guard import held_by_attempt
 # took first is left alone); a job has one write in flight at a time, so no row is written
 # twice in one statement. A job whose row another client holds locked is skipped, not waited
 # for with the whole batch: it comes back with a NULL age, to be written again later.
-STAGE_WRITES = (
-    """
+STAGE_WRITES = """
 WITH batch AS (
     SELECT * FROM json_to_recordset(CAST(%(writes)s AS json)) AS b(
         n int, job uuid, retries int, ended text, status text, output json, error text,
         started text, kind text, attempt int, waiting json)
 ), w AS (
     SELECT b.* FROM batch AS b JOIN worker.jobs AS j ON j.id = b.job
-    WHERE """
-    + held_by_attempt("j", "b.retries")
-    + """
+    WHERE j.status = 'processing' AND j.worker_id = %(worker_id)s AND j.retry_count = b.retries
     FOR SHARE OF j SKIP LOCKED
 ), ended AS (
     UPDATE worker.job_stages AS s SET
@@ -55,16 +50,16 @@ SELECT w.n, coalesce(started.age, 0) FROM w LEFT JOIN started ON started.job_id 
 UNION ALL
 SELECT b.n, NULL FROM batch AS b
 WHERE NOT EXISTS (SELECT FROM w WHERE w.n = b.n)
-  AND EXISTS (SELECT FROM worker.jobs AS j WHERE j.id = b.job AND """
-    + held_by_attempt("j", "b.retries")
-    + """)
+  AND EXISTS (SELECT FROM worker.jobs AS j
+              WHERE j.id = b.job AND j.status = 'processing' AND j.worker_id = %(worker_id)s
+                AND j.retry_count = b.retries)
 """
-)
 
 # Safe: guarded as the stage writes are (status, worker_id, the attempt), so only the attempt
 # that holds the job records that it failed for good. Read back by the claim (`final_error`).
-RECORD_FINAL_ERROR = f"""
+RECORD_FINAL_ERROR = """
 UPDATE worker.jobs AS j SET final_error = %(error)s
-WHERE j.id = %(id)s AND {held_by_attempt("j", "%(retries)s")}
+WHERE j.id = %(id)s
+  AND j.status = 'processing' AND j.worker_id = %(worker_id)s AND j.retry_count = %(retries)s
 RETURNING j.id
 """
