@@ -3,6 +3,7 @@
     .venv/bin/pip install -e '.[bench]'     # PgQueuer, Procrastinate, Chancy, asyncpg
     .venv/bin/python -m bench               # 3 runs of the workloads (20,000 jobs)
     .venv/bin/python -m bench --runs 1 --jobs 2000 --only drain1,latency --libs durable,pgqueuer
+    .venv/bin/python -m bench --only kills --libs durable   # 20 SIGKILLs: time to restart
 
 The server: `BENCH_DATABASE_URL` (any database on it; the benchmark creates and drops its own
 `bench_*` databases), else a private durable PostgreSQL (fsync on) started in
@@ -36,6 +37,7 @@ WORKLOADS = [
     "limited",
     "memory",
     "cpu",
+    "kills",
 ]
 PEERS = ["pgqueuer", "procrastinate", "chancy"]
 LIBS = ["durable", *PEERS, "bare"]
@@ -59,6 +61,9 @@ def parse() -> argparse.Namespace:
     )
     ap.add_argument(
         "--cpu-jobs", type=int, default=5_000, help="CPU-bound jobs per drain (cpu; 5000)"
+    )
+    ap.add_argument(
+        "--kills", type=int, default=20, help="SIGKILLs of a worker holding 10 jobs (kills; 20)"
     )
     ap.add_argument("--out", default="bench/results/latest.md", help="also write the table here")
     ap.add_argument("--keep-server", action="store_true", help="leave the private server up")
@@ -146,7 +151,7 @@ def main() -> None:
     for name in libs:
         if name not in LIBS:
             sys.exit(f"unknown library {name!r}: choose from {', '.join(LIBS)}")
-    from bench import cpu
+    from bench import cpu, kills
     from bench.libs import bare, durable
 
     server, owned = start_server(args.keep_server)
@@ -250,6 +255,8 @@ def main() -> None:
                     emit(cpu.bare(args.cpu_jobs, procs, run))
                     for pinned in (False, True):
                         emit(cpu.measure(server, args.cpu_jobs, procs, run, pinned))
+            if ours and "kills" in only and run == 1:  # a distribution over its own kills
+                emit(kills.measure(server, args.kills, run))
             if ours and "memory" in only and run == 1:  # a flatness check, not a comparison
                 bench.drain(
                     ours,
@@ -262,7 +269,13 @@ def main() -> None:
                     label=f"drain {args.memory_jobs:,} jobs, 1 process, default logging (INFO)",
                 )
     finally:
-        for db in ("bench_durable", "bench_bare", BIG_TEMPLATE, *(f"bench_{p}" for p in PEERS)):
+        for db in (
+            "bench_durable",
+            "bench_bare",
+            "bench_kills",
+            BIG_TEMPLATE,
+            *(f"bench_{p}" for p in PEERS),
+        ):
             try:
                 server.drop(db)
             except Exception as exc:  # the report matters more than a leftover database

@@ -6,6 +6,8 @@ import statistics
 from collections.abc import Callable
 from typing import Any
 
+from bench import kills
+
 PEERS = ["pgqueuer", "procrastinate", "chancy"]
 
 
@@ -230,6 +232,8 @@ def render(records: list[dict[str, Any]], info: dict[str, Any], args: Any) -> st
     lines += _cpu_table(
         m, labels, peers, info["nproc"], m("durable", "drain_1p", pair="drain_pipeline")
     )
+
+    lines += kills.section(records)
 
     bad = [r for r in records if not r.get("verified")]
     total = len(records)

@@ -14,14 +14,14 @@ schema   : `worker.db.migrate.upgrade` (= `worker migrate`).
 from __future__ import annotations
 
 import asyncio
-import importlib.metadata
 from typing import Any, Literal
 
+import worker
 from bench import harness
 from worker import AsyncClient, JobSpec, Pipeline, task
 from worker.db import migrate
 
-VERSION = importlib.metadata.version("durable-worker")
+VERSION = worker.__version__
 LOG_LEVELS: dict[str, Literal["WARNING", "INFO"]] = {
     "warning": "WARNING",
     "info": "INFO",

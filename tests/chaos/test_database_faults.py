@@ -64,6 +64,8 @@ def test_postgres_restart_mid_run_loses_nothing(own_server, fleet):
         "worker_outages_s": outages,
     }
     report.emit()
+    # Outcomes cut off by the restart are written once it is back, and no job runs again.
+    assert report.duplicates == 0, f"{report.duplicates} effects ran again"
     for proc in procs:
         assert proc.poll() is None, "a worker exited during the outage"
         assert_outage_reported_once(workers.log(proc))
@@ -104,6 +106,9 @@ def test_pg_backend_kill_of_every_worker_session_loses_nothing(audited_url, flee
     }
     report.emit()
     assert all(n >= len(procs) for n in terminated), terminated
+    # A worker whose sessions the server ended still lives: none of its jobs is rescued from
+    # it, and no job runs again.
+    assert report.duplicates == 0, f"{report.duplicates} effects ran again"
     for proc in procs:
         assert proc.poll() is None, "a worker exited after its sessions were terminated"
         assert "Traceback" not in workers.log(proc)

@@ -192,3 +192,62 @@ def test_a_partitioned_worker_loses_its_jobs_to_others_and_comes_back(partitiona
     assert noticed_after <= LEASE / 3 + USER_TIMEOUT + CONNECT_TIMEOUT + 3, (
         f"the cut-off worker noticed {noticed_after:.1f} s after the cut"
     )
+
+
+def test_a_network_cut_shorter_than_the_default_lease_runs_no_job_twice(partitionable, processes):
+    """At the default lease, a worker cut off for 10 s keeps its jobs: its process lives, so
+    its sessions on the server do too and its lease has not run out, and nobody takes them
+    from it. Its jobs run through the cut and touch the database only after it, so a second
+    run of one can only be a rescue that should not have happened."""
+    net = partitionable
+    url = net.url
+    lease = 15.0  # the default
+    partition_for = 10.0
+    held_jobs = 8
+    defaults = {"WORKER_LEASE_SECONDS": str(lease), "WORKER_CONCURRENCY": str(held_jobs)}
+    started = time.monotonic()
+    outside = processes.worker(worker_env(url, **defaults), TASKS)
+    wait_until(lambda: worker_id_of(url, outside.pid), 60, "the outside worker to register")
+    # Jobs of a queue only the worker to be cut off serves, running past the cut's end.
+    query(
+        url,
+        "INSERT INTO worker.jobs (task, queue, payload) SELECT 'chaos_sync', 'held', "
+        "jsonb_build_object('n', i, 'sleep', %s) FROM generate_series(1, %s) AS i",
+        (partition_for + 4, held_jobs),
+    )
+    cut_off = processes.worker(
+        worker_env(net.far_url, WORKER_QUEUES="held,default", **defaults),
+        TASKS,
+        prefix=net.ns.exec_prefix,
+    )
+    wait_until(lambda: worker_id_of(url, cut_off.pid), 60, "the worker to register")
+    cut_off_id = str(worker_id_of(url, cut_off.pid))
+    wait_until(lambda: held_by(url, cut_off_id) == held_jobs, 60, "the worker to hold its jobs")
+
+    net.ns.cut()
+    cut_at = time.monotonic()
+    # Work for the outside worker meanwhile.
+    jobs = held_jobs + 100
+    enqueue_workload(url, jobs - held_jobs, sleep=0.1)
+    wait_until(lambda: finished_count(url) > 10, 30, "the outside worker to go on")
+    time.sleep(max(0.0, partition_for - (time.monotonic() - cut_at)))
+    net.ns.heal()
+    partitioned_for = time.monotonic() - cut_at
+
+    wait_all_finished(url, jobs, timeout=180)
+    report = verify(url, "short_partition", time.monotonic() - started)
+    report.extra = {"lease_s": lease, "partitioned_s": round(partitioned_for, 2)}
+    report.emit()
+    assert partitioned_for < lease
+    assert report.duplicates == 0, f"{report.duplicates} effects ran again"
+    # Every job it held was finished by it, in the attempt it had when the link went down.
+    (taken,) = query(
+        url,
+        "SELECT count(*) FROM worker.jobs WHERE queue = 'held' "
+        "AND (retry_count > 0 OR worker_id IS DISTINCT FROM %s)",
+        (cut_off_id,),
+    )[0]
+    assert taken == 0, f"{taken} of the {held_jobs} jobs it held were taken from it"
+    log = processes.log(cut_off)
+    assert "Traceback" not in log, log[-3000:]
+    assert cut_off.poll() is None and outside.poll() is None, "a worker exited"

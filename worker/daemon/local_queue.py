@@ -12,9 +12,12 @@ The loop is a small state machine (`State`, its moves in `_MOVES`): it is claimi
 for news or the next poll, full (no slot free), holding jobs claimed ahead, handing them
 back, or stopped. It wakes at once on NOTIFY (a job inserted, a job resumed) and, when idle,
 polls with exponential backoff from `WORKER_POLL_MIN` up to `WORKER_POLL_MAX`: notifications
-are an optimisation, polling alone drains the queue. In burst mode a claim that finds no due
-job while the worker holds none (none running, claimed ahead or with an outcome unwritten)
-stops the worker: it goes from claiming to stopped.
+are an optimisation, polling alone drains the queue. A job this worker snoozed (or retried
+after a delay its task chose) sends no notification when it is due again, so the idle wait
+also ends when the first of those is due: a polling stage runs at the interval it asked for,
+not up to `WORKER_POLL_MAX` later. In burst mode a claim that finds no due job while the
+worker holds none (none running, claimed ahead or with an outcome unwritten) stops the
+worker: it goes from claiming to stopped.
 
 What this does not do: it does not run jobs (`executor`) nor write their outcomes
 (`completer`); it hands each finished attempt's outcome to `hand_over`.
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
 import logging
 import threading
 import time
@@ -37,7 +41,7 @@ from worker.daemon.executor import Executor
 from worker.db.driver import ClaimSpec, Driver
 from worker.db.errors import TRANSIENT
 from worker.logs import fields
-from worker.models import ClaimedJob, Outcome
+from worker.models import ClaimedJob, Outcome, OutcomeKind
 from worker.settings import Settings
 from worker.stages import Pipeline
 from worker.tasks import Executable
@@ -166,6 +170,10 @@ class LocalQueue:
         # hand-backs until the completer answers: the database may show it as ours, or, its
         # claim lost in a server crash, as pending with the attempt its outcome names.
         self.unwritten: set[str] = set()
+        # The delays of jobs snoozed here whose outcome is not written yet, then the moments
+        # (monotonic) those jobs are due again once it is: the idle wait ends at the first.
+        self._delays: dict[str, float] = {}
+        self._due_again: list[float] = []
         # A claim or hand-back failed after it may have committed: check what we hold.
         self.holdings_uncertain = False
         # Cancel requests seen while a claim is on its way: one made just after the claim
@@ -233,13 +241,22 @@ class LocalQueue:
             elif self._drained is not None and not self.held and not self.unwritten:
                 self._drained()  # burst: nothing due, nothing of ours in flight
                 continue
-            log.debug("idle: next poll in %.3f s", delay)
+            wait = self._until_due_again(sent, delay)
+            log.debug("idle: next poll in %.3f s", wait)
             self._enter(State.WAITING)
-            await _wait_until_set(self.notified, delay)
+            await _wait_until_set(self.notified, wait)
             delay = next_poll_delay(
                 delay, bool(jobs) or self.notified.is_set(), s.poll_min, s.poll_max
             )
         self._enter(State.STOPPED)
+
+    def _until_due_again(self, claimed_at: float, delay: float) -> float:
+        """The idle wait: `delay`, or less if a job snoozed here is due again sooner. Jobs due
+        before the last claim was sent were that claim's to take: they no longer count."""
+        due = self._due_again
+        while due and due[0] <= claimed_at:
+            heapq.heappop(due)
+        return min(delay, max(0.0, due[0] - time.monotonic())) if due else delay
 
     def take(self, jobs: list[ClaimedJob]) -> None:
         """Hold the jobs a claim returned, and start as many as there are free slots."""
@@ -270,6 +287,8 @@ class LocalQueue:
         """An attempt ended: hand its outcome over, and fill the slot it freed."""
         self.unwritten.add(job.id)
         self.held.pop(job.id, None)
+        if outcome.delay is not None and outcome.kind in (OutcomeKind.SNOOZED, OutcomeKind.RETRY):
+            self._delays[job.id] = outcome.delay
         self._hand_over(job, outcome)
         average = self.job_seconds
         self.job_seconds = took if average == float("inf") else 0.8 * average + 0.2 * took
@@ -285,6 +304,13 @@ class LocalQueue:
         """The jobs' outcomes are written, or refused as no longer ours: either way they are
         no longer this worker's."""
         self.unwritten.difference_update(job_ids)
+        # The write set the job's due time from the server's clock before it answered, so the
+        # job is due by the time counted from now.
+        now = time.monotonic()
+        for job_id in job_ids:
+            delay = self._delays.pop(job_id, None)
+            if delay is not None:
+                heapq.heappush(self._due_again, now + delay)
 
     def wake(self) -> None:
         """Look for jobs now (news came, or the worker stops)."""
