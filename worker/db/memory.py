@@ -172,7 +172,8 @@ class MemoryDriver:
         """Ask for the job to be cancelled (the daemon hears it at its next look)."""
         job = self.jobs[job_id]
         if job.status in (JobStatus.PENDING, JobStatus.PAUSED):
-            job.status, job.error = JobStatus.CANCELLED, "cancelled"
+            job.status, job.finished_at = JobStatus.CANCELLED, datetime.now(UTC)
+            job.cancel_requested = True
         elif job.status == JobStatus.PROCESSING:
             job.cancel_requested = True
             self._notify("worker_cancel", job_id)
@@ -274,12 +275,13 @@ class MemoryDriver:
         for worker_id in [w for w, seen in self.workers.items() if now - seen.heartbeat_at > lease]:
             del self.workers[worker_id]
         rescued = []
+        seconds = repr(float(lease)).removesuffix(".0")  # as PostgreSQL writes a float8
         for job in self.jobs.values():
             orphan = job.worker_id not in self.workers and job.id not in self.locked
             if job.status == JobStatus.PROCESSING and orphan:
                 job.status, job.run_at = JobStatus.PENDING, now
                 job.retry_count += 1
-                job.error = f"the worker running this job was lost (no heartbeat for {lease} s)"
+                job.error = f"the worker running this job was lost (no heartbeat for {seconds} s)"
                 rescued.append(RescuedJob(job.id, job.task, job.queue))
         return rescued
 
