@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import uuid
 
+import pytest
+
 from worker.db.driver import (
     LOCKED,
     ClaimSpec,
@@ -14,6 +16,7 @@ from worker.db.driver import (
     RetryPolicy,
     StageWrite,
 )
+from worker.db.errors import Unsupported
 from worker.db.memory import MemoryDriver
 from worker.models import JobStatus, Outcome, OutcomeKind
 
@@ -147,3 +150,33 @@ def test_a_worker_claims_only_the_tasks_it_registered() -> None:
     by_old, resizes, left, by_new, thumbnails = asyncio.run(main())
     assert by_old == resizes and left == JobStatus.PENDING
     assert by_new == thumbnails
+
+
+def test_a_job_with_a_concurrency_key_is_refused_not_run_unlimited() -> None:
+    driver = MemoryDriver()
+    with pytest.raises(Unsupported, match="concurrency_key='tenant-1' needs PostgreSQL"):
+        driver.enqueue("t", concurrency_key="tenant-1")
+    assert driver.jobs == {}
+
+
+def test_a_queue_limit_is_refused_not_ignored() -> None:
+    driver = MemoryDriver()
+    with pytest.raises(Unsupported, match="queue limits: queue 'emails'"):
+        driver.limit_queue("emails", concurrency=2)
+
+
+def test_a_paused_queue_gives_no_job_until_it_is_resumed() -> None:
+    driver = MemoryDriver()
+    heard: list[str | None] = []
+
+    async def main() -> tuple[int, int]:
+        worker_id = await registered(driver)
+        driver.subscribe("worker_jobs", heard.append)
+        driver.enqueue("t")
+        driver.pause_queue("default")
+        while_paused = len(await driver.claim(spec(worker_id), 10, []))
+        driver.resume_queue("default")
+        return while_paused, len(await driver.claim(spec(worker_id), 10, []))
+
+    assert asyncio.run(main()) == (0, 1)
+    assert heard.count("default") == 2  # the enqueue and the resume wake the claimers

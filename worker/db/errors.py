@@ -84,3 +84,8 @@ class Refused(psycopg.DataError):
 # The database refused some event (a job deleted meanwhile, a value it cannot store, a message
 # past jsonb's size limit: an OperationalError by its class, but no outage).
 EVENTS_REFUSED = (psycopg.IntegrityError, psycopg.DataError, psycopg.errors.ProgramLimitExceeded)
+
+
+class Unsupported(NotImplementedError):
+    """A driver was asked for a rule it does not keep (the in-memory driver and a concurrency
+    key, say): refused at once, rather than the job running as if the rule held."""

@@ -9,9 +9,10 @@ open transaction) is skipped, answering `LOCKED`;
 a rescue takes back the jobs of workers silent for a lease, counting the lost attempt; a
 schedule's tick is enqueued once, and not at the schedule's first sight. It is a seam for
 running a worker in one process and for fast tests, not a mock of PostgreSQL: it does not
-speak SQL, the worker's own retry backoff is due at once (a task's chosen delay is kept), and
-it does not apply queue pauses, queue limits or concurrency keys, which are the database's
-rules (`worker.queue_budget`, `worker.concurrency_key_free`).
+speak SQL. It pauses and resumes queues; queue limits and concurrency keys, the database's
+rules (`worker.queue_budget`, `worker.concurrency_key_free`), it refuses with `Unsupported`
+rather than running jobs as if they held. `tests/support/conformance.py` runs one suite
+against this driver and `PostgresDriver`: PostgreSQL is the reference.
 
 Notifications are delivered on the subscriber's loop: `enqueue` and `cancel` are meant to be
 called from it. `unreachable = True` makes every operation fail as an outage does (`OSError`),
@@ -27,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import random
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -36,6 +38,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from uuid import UUID
 
 from worker.db.driver import LOCKED, Beat, Locked, RecordedOutcome, RescuedJob
+from worker.db.errors import Unsupported
 from worker.db.memory_stages import MemoryStageStore
 from worker.models import (
     ClaimedJob,
@@ -120,6 +123,7 @@ class MemoryDriver:
         self.stages = MemoryStageStore()  # the rules of a stage's row, kept once
         self.events: list[ProgressEvent] = []
         self.locked: set[str] = set()  # rows another client holds locked
+        self.paused_queues: set[str] = set()
         self.schedules: dict[str, datetime] = {}  # a schedule's key: its latest tick taken
         self.stage_plans: StagePlans = {}
         self.task_limits: dict[str, int] = {}
@@ -141,8 +145,15 @@ class MemoryDriver:
         priority: int = 0,
         delay: float = 0.0,
         max_retries: int | None = None,
+        concurrency_key: str | None = None,
     ) -> str:
-        """Add a pending job; returns its id."""
+        """Add a pending job; returns its id. A `concurrency_key` is refused (`Unsupported`):
+        this driver would run the key's jobs side by side."""
+        if concurrency_key is not None:
+            raise Unsupported(
+                "the in-memory driver does not apply concurrency keys: "
+                f"concurrency_key={concurrency_key!r} needs PostgreSQL"
+            )
         job_id = str(uuid.uuid4())
         self.jobs[job_id] = MemoryJob(
             job_id,
@@ -161,10 +172,29 @@ class MemoryDriver:
         """Ask for the job to be cancelled (the daemon hears it at its next look)."""
         job = self.jobs[job_id]
         if job.status in (JobStatus.PENDING, JobStatus.PAUSED):
-            job.status, job.error = JobStatus.CANCELLED, "cancelled"
+            job.status, job.finished_at = JobStatus.CANCELLED, datetime.now(UTC)
+            job.cancel_requested = True
         elif job.status == JobStatus.PROCESSING:
             job.cancel_requested = True
             self._notify("worker_cancel", job_id)
+
+    def pause_queue(self, queue: str) -> None:
+        """Claims take nothing more from `queue` (running jobs go on), as `worker queue pause`."""
+        self.paused_queues.add(queue)
+
+    def resume_queue(self, queue: str) -> None:
+        if queue in self.paused_queues:
+            self.paused_queues.discard(queue)
+            self._notify("worker_jobs", queue)
+
+    def limit_queue(
+        self, queue: str, *, concurrency: int | None = None, rate: float | None = None
+    ) -> None:
+        """Refused (`Unsupported`): this driver keeps no concurrency or rate limit of a queue."""
+        raise Unsupported(
+            f"the in-memory driver does not apply queue limits: queue {queue!r} "
+            "(concurrency, rate) needs PostgreSQL"
+        )
 
     def _reachable(self) -> None:
         if self.unreachable:
@@ -245,12 +275,13 @@ class MemoryDriver:
         for worker_id in [w for w, seen in self.workers.items() if now - seen.heartbeat_at > lease]:
             del self.workers[worker_id]
         rescued = []
+        seconds = repr(float(lease)).removesuffix(".0")  # as PostgreSQL writes a float8
         for job in self.jobs.values():
             orphan = job.worker_id not in self.workers and job.id not in self.locked
             if job.status == JobStatus.PROCESSING and orphan:
                 job.status, job.run_at = JobStatus.PENDING, now
                 job.retry_count += 1
-                job.error = f"the worker running this job was lost (no heartbeat for {lease} s)"
+                job.error = f"the worker running this job was lost (no heartbeat for {seconds} s)"
                 rescued.append(RescuedJob(job.id, job.task, job.queue))
         return rescued
 
@@ -269,6 +300,7 @@ class MemoryDriver:
                 for j in self.jobs.values()
                 if j.status == JobStatus.PENDING
                 and j.queue in spec.queues
+                and j.queue not in self.paused_queues
                 and j.task in tasks
                 and j.run_at <= now
                 and j.id not in skip
@@ -361,7 +393,11 @@ class MemoryDriver:
         if comes_back and job.cancel_requested:
             job.status, job.run_at = JobStatus.PENDING, now  # the next claim settles it
         elif o.kind == OutcomeKind.RETRY and job.retry_count < limit:
-            job.status, job.run_at = JobStatus.PENDING, now + (o.delay or 0.0)
+            delay = o.delay
+            if delay is None:  # the worker's backoff, with the statement's jitter
+                backoff = min(policy.backoff_max, policy.backoff_base * 2**job.retry_count)
+                delay = backoff * (0.5 + random.random() / 2)
+            job.status, job.run_at = JobStatus.PENDING, now + delay
             job.retry_count += 1
         elif o.kind == OutcomeKind.RETRY:
             job.status = JobStatus.FAILED
