@@ -1,18 +1,11 @@
 """An in-memory driver: the daemon's core against plain Python, with no database.
 
-`MemoryDriver` implements `worker.db.driver.Driver` with dicts, keeping the guarantees the
-PostgreSQL statements keep: a pending job is claimed by one worker only, only while that
-worker is registered, and only by a worker that registered its task; an outcome or a stage
-write applies only to the attempt that holds the job (status `processing`, the worker's id,
-the retry count it was claimed with); a job whose row is `lock`ed (as by another client's
-open transaction) is skipped, answering `LOCKED`;
-a rescue takes back the jobs of workers silent for a lease, counting the lost attempt; a
-schedule's tick is enqueued once, and not at the schedule's first sight. It is a seam for
-running a worker in one process and for fast tests, not a mock of PostgreSQL: it does not
-speak SQL. It pauses and resumes queues; queue limits and concurrency keys, the database's
-rules (`worker.queue_budget`, `worker.concurrency_key_free`), it refuses with `Unsupported`
-rather than running jobs as if they held. `tests/support/conformance.py` runs one suite
-against this driver and `PostgresDriver`: PostgreSQL is the reference.
+`MemoryDriver` implements `worker.db.driver.Driver` with dicts and keeps the guarantees of the
+PostgreSQL statements (one claimer per job, outcomes and stage writes only from the attempt
+holding the job, locked rows skipped, rescues of silent workers, each schedule tick once). It
+is a seam for one-process workers and fast tests, not a mock: it speaks no SQL, and refuses
+with `Unsupported` what it does not do (queue limits, concurrency keys).
+`tests/support/conformance.py` runs one suite against it and `PostgresDriver`, the reference.
 
 Notifications are delivered on the subscriber's loop: `enqueue` and `cancel` are meant to be
 called from it. `unreachable = True` makes every operation fail as an outage does (`OSError`),
