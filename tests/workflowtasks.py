@@ -7,8 +7,10 @@ never before the last parent's commit.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
+import psycopg
 from support.recording import task_connection
 
 from worker import task
@@ -23,11 +25,13 @@ def record(job: str, kind: str) -> None:
 
 
 @task
-def part(payload: dict[str, Any]) -> dict[str, int]:
+async def part(payload: dict[str, Any]) -> dict[str, int]:
     if payload.get("gate"):
-        conn = task_connection()
-        conn.execute("SELECT pg_advisory_lock_shared(%s)", (GATE,))
-        conn.execute("SELECT pg_advisory_unlock_shared(%s)", (GATE,))
+        # On the event loop, not a thread: every slot of the worker can wait here at once.
+        async with await psycopg.AsyncConnection.connect(
+            os.environ["DATABASE_URL"], autocommit=True
+        ) as conn:
+            await conn.execute("SELECT pg_advisory_lock_shared(%s)", (GATE,))
     return {"n": int(payload["n"])}
 
 
@@ -45,7 +49,8 @@ def fan_in(payload: dict[str, Any], ctx: Any) -> dict[str, Any]:
         .fetchone()
     )
     record(ctx.job_id, f"ran:{unended}")
-    total = sum(int(ctx.result_of(p.node)["n"]) for p in ctx.parents if p.status == "completed")
+    completed = [ctx.result_of(p.node) for p in ctx.parents if p.status == "completed"]
+    total = sum(int(r.get("n", 0)) for r in completed)
     return {"sum": total, "parents": [p.node for p in ctx.parents]}
 
 

@@ -187,7 +187,7 @@ class StageEnd:
 class ParentResult:
     """A parent of a workflow's job, as the job's claim read it: `ctx.parents`."""
 
-    node: str | None  # its name in the workflow (None: a job enqueued outside it)
+    node: str | None  # its name in the workflow (None: outside it, or its row deleted)
     job_id: str
     task: str | None  # None once the parent's row was deleted
     status: str  # completed, failed or cancelled; `deleted` once its row is gone

@@ -211,7 +211,8 @@ class Workflow:
                 rows.append(validated(entry.spec, max_payload_bytes))
             except InvalidJob as exc:
                 raise InvalidWorkflow(f"workflow {self.name}: node {name!r}: {exc}") from None
-        ids = new_job_ids(len(rows))
+        # Sorted, so ids (and the order of `ctx.parents`) follow the order nodes were added.
+        ids = sorted(new_job_ids(len(rows)))
         batch = Batch([e.spec for e in self._entries], ids, rows)
         nodes: list[dict[str, JSON]] = []
         edges: list[dict[str, str]] = []

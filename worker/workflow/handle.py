@@ -8,7 +8,7 @@ import contextlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from worker.client import AsyncClient, Client, Job, JobError, JobSpec
+from worker.client import AsyncClient, Client, Job, JobError, JobNotFound, JobSpec
 from worker.client.job import new_job
 from worker.client.waiting import deadline_of, time_left
 from worker.db import sql
@@ -99,8 +99,8 @@ class WorkflowHandle:
             left = time_left(deadline)
             if left is not None and left <= 0:
                 break
-            # One that ended failed or cancelled raises: the counts say so.
-            with contextlib.suppress(JobError):
+            # One that ended failed or cancelled raises, one deleted is gone: the counts say so.
+            with contextlib.suppress(JobError, JobNotFound):
                 job.wait_sync(timeout=left)
         return self.status()
 
@@ -111,7 +111,7 @@ class WorkflowHandle:
             left = time_left(deadline)
             if left is not None and left <= 0:
                 break
-            with contextlib.suppress(JobError):
+            with contextlib.suppress(JobError, JobNotFound):
                 await job.wait(timeout=left)
         return await self.status_async()
 
