@@ -4,15 +4,12 @@ failure policy gives the documented result."""
 
 from __future__ import annotations
 
-import time
-from uuid import UUID
-
 import psycopg
 import pytest
 from support import Processes, query, wait_for
+from workflowtasks import GATE
 
 from worker import Client, JobStatus, Workflow
-from workflowtasks import GATE
 
 # Gated repetitions of the fan-in race, each 50 parents let go at once.
 ROUNDS = 100
@@ -64,8 +61,8 @@ def test_each_parent_outcome_under_each_policy(env, database_url, processes, out
     task = "boom" if outcome == "failed" else "part"
     parent = wf.add(task, {"n": 2}, name="parent", max_retries=0, delay=3600)
     cancels = wf.add("fan_in", {}, name="cancels", after=[other, parent])
-    runs = wf.add("finalize", {}, name="runs", after=[other, parent], on_parent_failure="run")
-    grandchild = wf.add("fan_in", {}, name="grandchild", after=[cancels])
+    wf.add("finalize", {}, name="runs", after=[other, parent], on_parent_failure="run")
+    wf.add("fan_in", {}, name="grandchild", after=[cancels])
     handle = wf.enqueue(client=client)
     processes.worker(env, "workflowtasks")
     other_id = handle.jobs[other.name].job_id
