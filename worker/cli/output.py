@@ -37,6 +37,7 @@ _STATUS_STYLE: dict[str, str] = {
     JobStatus.FAILED: "red",
     JobStatus.PAUSED: "magenta",
     JobStatus.CANCELLED: "dim",
+    JobStatus.HELD: "blue",
 }
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from worker.client import AsyncClient, Client, Job, JobError, JobNotFound, JobSpec
@@ -40,6 +41,9 @@ class WorkflowHandle:
     client: Client | AsyncClient = field(repr=False, compare=False)
     # The enqueue found a workflow holding its key: this is that workflow.
     duplicate: bool = False
+    # Each node's parents, by node name (a parent outside the workflow by its job id); read
+    # back by `Workflow.get`, empty on a handle fresh from an enqueue.
+    parents: dict[str, list[str]] = field(default_factory=dict)
 
     def _sync(self) -> Client:
         return self.client if isinstance(self.client, Client) else Client(self.client.url)
@@ -52,6 +56,7 @@ class WorkflowHandle:
             raise WorkflowNotFound(f"no workflow {workflow_id}")
         row = found[0]
         jobs: dict[str, Job] = {}
+        parent_ids: dict[str, list[str]] = {}
         for j in client._run(sql.WORKFLOW_JOBS, {"id": workflow_id}):
             spec = JobSpec(
                 j.task,
@@ -61,9 +66,12 @@ class WorkflowHandle:
                 max_retries=j.max_retries,
                 concurrency_key=j.concurrency_key,
             )
-            jobs[j.node] = new_job(j.id, spec, client)
-            jobs[j.node].status = JobStatus(j.status)
-        return cls(str(row.id), row.name, row.key, jobs, client)
+            job = jobs[j.node] = new_job(j.id, spec, client)
+            job.status, job.error = JobStatus(j.status), j.error
+            parent_ids[j.node] = [str(p) for p in j.parents]
+        names = {job.job_id: name for name, job in jobs.items()}
+        parents = {node: [names.get(p, p) for p in ps] for node, ps in parent_ids.items()}
+        return cls(str(row.id), row.name, row.key, jobs, client, parents=parents)
 
     def refreshed(self) -> WorkflowHandle:
         """The workflow re-read (a new handle; this one's `duplicate` is kept)."""
@@ -128,3 +136,41 @@ class WorkflowHandle:
             (row,) = await self.client._run(sql.CANCEL_WORKFLOW, {"id": self.id})
             return int(row.changed)
         return await asyncio.to_thread(self.cancel)
+
+
+@dataclass(frozen=True)
+class WaitedParent:
+    """A parent a held job still waits for (`worker show`, `worker.held_jobs`)."""
+
+    job_id: str
+    node: str | None
+    task: str | None
+    status: JobStatus | None  # None: no such job (it will count as deleted)
+
+
+def waiting_for(client: Client, job_id: str) -> list[WaitedParent]:
+    """The parents the job still waits for, by id; none for a job that is not held."""
+    return [
+        WaitedParent(str(r.parent_id), r.node, r.task, JobStatus(r.status) if r.status else None)
+        for r in client._run(sql.WAITING_FOR, {"id": job_id})
+    ]
+
+
+@dataclass(frozen=True)
+class WorkflowSummary:
+    """One workflow as `worker workflows` lists it: its jobs counted by status."""
+
+    id: str
+    name: str
+    key: str | None
+    created_at: datetime
+    jobs: int
+    counts: dict[JobStatus, int]
+
+
+def list_workflows(client: Client, limit: int) -> list[WorkflowSummary]:
+    """The newest `limit` workflows, newest first."""
+    return [
+        WorkflowSummary(str(r.id), r.name, r.key, r.created_at, int(r.jobs), _counts(r))
+        for r in client._run(sql.LIST_WORKFLOWS, {"limit": limit})
+    ]
