@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from uuid import UUID
 
+import psycopg
 import pytest
 from support import query, status_of
 
@@ -89,3 +90,53 @@ def test_a_dependency_on_an_ended_job_resolves_at_once(database_url):
     assert status_of(database_url, child) == "cancelled"
     (error,) = query(database_url, "SELECT error FROM worker.jobs WHERE id = %s", (child,))[0]
     assert error == f"cancelled: parent {gone.job_id} was deleted"
+
+
+def test_a_workflow_in_a_callers_transaction_exists_only_if_it_commits(database_url):
+    client = Client(database_url)
+    wf = Workflow("tx")
+    a = wf.add("part", {"n": 1})
+    wf.add("fan_in", {}, after=[a])
+    with psycopg.connect(database_url) as conn:
+        wf.enqueue(client=client, connection=conn)
+        conn.rollback()
+    assert _jobs(database_url) == 0
+    assert query(database_url, "SELECT count(*) FROM worker.job_dependencies")[0][0] == 0
+    with psycopg.connect(database_url) as conn:
+        handle = wf.enqueue(client=client, connection=conn)
+    assert _jobs(database_url) == 2
+    assert handle.status()[JobStatus.HELD] == 1
+
+
+def test_a_key_makes_a_workflow_unique(database_url):
+    client = Client(database_url)
+
+    def build() -> Workflow:
+        wf = Workflow("nightly", key="nightly-2026-12-05")
+        wf.add("part", {"n": 1})
+        return wf
+
+    first = build().enqueue(client=client)
+    again = build().enqueue(client=client)
+    assert (again.id, again.duplicate, first.duplicate) == (first.id, True, False)
+    assert list(again.jobs) == ["part"] and _jobs(database_url) == 1
+
+
+def test_cancelling_a_workflow_cancels_its_jobs_but_its_finalizer_runs(database_url):
+    client = Client(database_url)
+    wf = Workflow("stop")
+    a = wf.add("part", {"n": 1})
+    b = wf.add("fan_in", {}, after=[a])
+    f = wf.add("finalize", {}, after=[b], on_parent_failure="run")
+    handle = wf.enqueue(client=client)
+    assert handle.cancel() == 2
+    ids = {n: handle.jobs[n.name].job_id for n in (a, b, f)}
+    assert status_of(database_url, ids[a]) == "cancelled"
+    assert status_of(database_url, ids[b]) == "cancelled"
+    # The finalizer's parent ended (cancelled): it is due now, to run as its policy says.
+    assert status_of(database_url, ids[f]) == "pending"
+    assert Workflow.get(handle.id, client=client).parents == {
+        "part": [],
+        "fan_in": ["part"],
+        "finalize": ["fan_in"],
+    }
