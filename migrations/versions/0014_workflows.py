@@ -282,6 +282,83 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 $$
 """
 
+# A job's parents outside any graph, given to `worker.enqueue(..., depends_on => ...)`: locked
+# (`FOR SHARE`) before its edges are written, so no parent's outcome commits unseen; those
+# already ended are resolved at once by `worker.parents_ended()`. Run as the schema owner:
+# the client role may insert jobs, not lock them or write edges.
+ADD_DEPENDENCIES = """
+CREATE FUNCTION worker.add_dependencies(child uuid, parents uuid[]) RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    ended_ids uuid[];
+    ended_outcomes text[];
+BEGIN
+    PERFORM FROM worker.jobs AS j WHERE j.id = ANY(parents) ORDER BY j.id FOR SHARE;
+    INSERT INTO worker.job_dependencies (child_id, parent_id)
+    SELECT child, p FROM unnest(parents) AS p
+    ON CONFLICT DO NOTHING;
+    SELECT array_agg(o.id), array_agg(coalesce(j.status, 'deleted'))
+    INTO ended_ids, ended_outcomes
+    FROM unnest(parents) AS o(id) LEFT JOIN worker.jobs AS j ON j.id = o.id
+    WHERE j.id IS NULL OR j.status IN ('completed', 'failed', 'cancelled');
+    IF ended_ids IS NOT NULL THEN
+        PERFORM worker.parents_ended(ended_ids, ended_outcomes);
+    END IF;
+END $$
+"""
+
+OLD_ENQUEUE = "worker.enqueue(text, jsonb, text, integer, timestamptz, integer, text, text, jsonb)"
+NEW_ENQUEUE = (
+    "worker.enqueue(text, jsonb, text, integer, timestamptz, integer, text, text, jsonb, uuid[])"
+)
+
+# 0009's `worker.enqueue()`, with `depends_on`: the job is `held` until those jobs have ended
+# (a job with a unique key already held returns that job, as before, and adds no edge).
+ENQUEUE_FUNCTION = """
+CREATE FUNCTION worker.enqueue(
+    task text,
+    payload jsonb DEFAULT '{}'::jsonb,
+    queue text DEFAULT 'default',
+    priority integer DEFAULT 0,
+    run_at timestamptz DEFAULT now(),
+    max_retries integer DEFAULT NULL,
+    unique_key text DEFAULT NULL,
+    concurrency_key text DEFAULT NULL,
+    trace_context jsonb DEFAULT NULL,
+    depends_on uuid[] DEFAULT NULL
+) RETURNS uuid LANGUAGE plpgsql AS $$
+DECLARE
+    job uuid;
+    parents uuid[] := ARRAY(SELECT DISTINCT p FROM unnest(coalesce(enqueue.depends_on, '{}'))
+                            AS p WHERE p IS NOT NULL);
+BEGIN
+    FOR attempt IN 1..5 LOOP
+        INSERT INTO worker.jobs (task, payload, queue, priority, run_at, max_retries,
+                                 unique_key, concurrency_key, trace_context, status, waiting_on)
+        VALUES (enqueue.task, enqueue.payload, enqueue.queue, enqueue.priority, enqueue.run_at,
+                enqueue.max_retries, enqueue.unique_key, enqueue.concurrency_key,
+                enqueue.trace_context,
+                CASE WHEN cardinality(parents) > 0 THEN 'held' ELSE 'pending' END,
+                cardinality(parents))
+        ON CONFLICT DO NOTHING
+        RETURNING id INTO job;
+        IF job IS NOT NULL THEN
+            IF cardinality(parents) > 0 THEN
+                PERFORM worker.add_dependencies(job, parents);
+            END IF;
+            RETURN job;
+        END IF;
+        SELECT id INTO job FROM worker.jobs AS j
+        WHERE j.unique_key = enqueue.unique_key
+          AND j.status IN ('pending', 'processing', 'paused', 'held');
+        IF job IS NOT NULL THEN
+            RETURN job;
+        END IF;
+    END LOOP;
+    RAISE EXCEPTION 'the job holding unique key % kept changing: try again', unique_key;
+END $$
+"""
+
 WORKFLOW_STATS = """
 CREATE VIEW worker.workflow_stats AS
 SELECT w.id, w.name, w.key, w.created_at,
@@ -322,12 +399,14 @@ _RUNNER_MARK = "GRANT SELECT ON worker.unserved_tasks TO worker_runner;"
 _CLIENT_MORE = (
     "GRANT SELECT ON worker.workflows, worker.job_dependencies, worker.workflow_stats, "
     "worker.held_jobs TO worker_client;\n"
-    f"        GRANT EXECUTE ON FUNCTION {ENQUEUE_WORKFLOW_SIGNATURE} TO worker_client;"
+    f"        GRANT EXECUTE ON FUNCTION {ENQUEUE_WORKFLOW_SIGNATURE} TO worker_client;\n"
+    "        GRANT EXECUTE ON FUNCTION worker.add_dependencies(uuid, uuid[]) TO worker_client;"
 )
 _RUNNER_MORE = (
     "GRANT SELECT ON worker.workflows, worker.job_dependencies, worker.workflow_stats, "
     "worker.held_jobs TO worker_runner;\n"
-    f"        GRANT EXECUTE ON FUNCTION {ENQUEUE_WORKFLOW_SIGNATURE} TO worker_runner;"
+    f"        GRANT EXECUTE ON FUNCTION {ENQUEUE_WORKFLOW_SIGNATURE} TO worker_runner;\n"
+    "        GRANT EXECUTE ON FUNCTION worker.add_dependencies(uuid, uuid[]) TO worker_runner;"
 )
 
 
@@ -347,7 +426,8 @@ def _base_grants() -> str:
 
 def _grants() -> str:
     text = _base_grants()
-    assert _CLIENT_MARK in text and _RUNNER_MARK in text
+    assert _CLIENT_MARK in text and _RUNNER_MARK in text and OLD_ENQUEUE in text
+    text = text.replace(OLD_ENQUEUE, NEW_ENQUEUE)
     return text.replace(_CLIENT_MARK, f"{_CLIENT_MARK}\n        {_CLIENT_MORE}").replace(
         _RUNNER_MARK, f"{_RUNNER_MARK}\n        {_RUNNER_MORE}"
     )
@@ -373,10 +453,14 @@ def upgrade() -> None:
     op.execute(JOBS_EMPTIED_FUNCTION)
     op.execute(TRIGGERS)
     op.execute(ENQUEUE_WORKFLOW)
+    op.execute(ADD_DEPENDENCIES)
+    op.execute(f"DROP FUNCTION {OLD_ENQUEUE}")
+    op.execute(ENQUEUE_FUNCTION)
     op.execute(PARENT_RESULTS)
     op.execute(WORKFLOW_STATS)
     op.execute(HELD_JOBS)
     op.execute(f"REVOKE ALL ON FUNCTION {ENQUEUE_WORKFLOW_SIGNATURE} FROM PUBLIC")
+    op.execute("REVOKE ALL ON FUNCTION worker.add_dependencies(uuid, uuid[]) FROM PUBLIC")
     op.execute(_grants())
     op.execute("SELECT worker.grant_roles()")
 
@@ -386,6 +470,10 @@ def downgrade() -> None:
     op.execute("DROP VIEW worker.workflow_stats")
     op.execute("DROP FUNCTION worker.parent_results(uuid)")
     op.execute(f"DROP FUNCTION {ENQUEUE_WORKFLOW_SIGNATURE}")
+    op.execute(f"DROP FUNCTION {NEW_ENQUEUE}")
+    before = _revision("0009_trace_context.py")
+    op.execute(before._with_trace_context(before._0008.ENQUEUE_FUNCTION))
+    op.execute("DROP FUNCTION worker.add_dependencies(uuid, uuid[])")
     op.execute("DROP TRIGGER jobs_emptied ON worker.jobs")
     op.execute("DROP TRIGGER jobs_gone ON worker.jobs")
     op.execute("DROP TRIGGER jobs_ended ON worker.jobs")
