@@ -271,5 +271,6 @@ def test_status_machine_statuses_are_the_documented_ones():
         "failed",
         "paused",
         "cancelled",
+        "held",
     ]
     assert json.dumps(JobStatus.COMPLETED) == '"completed"'

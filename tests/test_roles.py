@@ -186,11 +186,7 @@ def test_migration_by_a_user_who_may_not_create_roles_still_succeeds():
             query(server.url, f"REVOKE ALL ON ALL TABLES IN SCHEMA worker FROM {role}")
             query(server.url, f"REVOKE ALL ON ALL SEQUENCES IN SCHEMA worker FROM {role}")
             query(server.url, f"REVOKE ALL ON SCHEMA worker FROM {role}")
-            query(
-                server.url,
-                f"REVOKE ALL ON FUNCTION worker.enqueue(text, jsonb, text, integer, "
-                f"timestamptz, integer, text, text, jsonb) FROM {role}",
-            )
+            query(server.url, f"REVOKE ALL ON ALL FUNCTIONS IN SCHEMA worker FROM {role}")
         query(server.url, "DROP ROLE worker_client, worker_runner")
         query(admin, "CREATE ROLE app_owner LOGIN NOCREATEROLE")
         query(admin, "CREATE DATABASE app OWNER app_owner")

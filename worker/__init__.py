@@ -38,6 +38,7 @@ from worker.models import JobEnding, JobStatus, Outcome, OutcomeKind, ProgressEv
 from worker.retries import Backoff, Retry
 from worker.stages import ALL_DONE, ALL_SUCCESS, Pipeline, TriggerRule
 from worker.tasks import Context, JobCancelled, PauseForResolution, Task, task
+from worker.workflow import InvalidWorkflow, Workflow, WorkflowHandle
 
 __all__ = [
     "ALL_DONE",
@@ -48,6 +49,7 @@ __all__ = [
     "Context",
     "InvalidJob",
     "InvalidTransition",
+    "InvalidWorkflow",
     "Job",
     "JobCancelled",
     "JobCancelledError",
@@ -67,6 +69,8 @@ __all__ = [
     "Retry",
     "Task",
     "TriggerRule",
+    "Workflow",
+    "WorkflowHandle",
     "add_middleware",
     "cancel",
     "cleanup_jobs",

@@ -26,6 +26,8 @@ class JobStatus(StrEnum):
     FAILED = "failed"
     PAUSED = "paused"
     CANCELLED = "cancelled"
+    # Waiting for parent jobs of its workflow to end; no claim reads it (migration 0014).
+    HELD = "held"
 
     @property
     def is_terminal(self) -> bool:
@@ -139,9 +141,13 @@ class ClaimedJob:
     final_error: str | None
     # The trace the job was enqueued in, as `worker.tracing` stores it (None: none).
     trace_context: dict[str, str] | None = None
+    # The workflow the job belongs to (None: none), and its parents as
+    # `worker.parent_results` gives them (migration 0014).
+    workflow_id: Any = None
     # The claim recorded the first stage of this pipeline job as running: its first run, so
     # it has no other stage rows (see `sql.CLAIM`).
     first_stage_started: bool = False
+    parents: list[dict[str, JSON]] | None = None
 
     @property
     def attempt(self) -> int:
@@ -175,3 +181,14 @@ class StageEnd:
     stage: str
     status: StageStatus  # completed, or failed or cancelled (then the job's error)
     output: str | None = None  # JSON text, for a completed stage
+
+
+@dataclass(frozen=True)
+class ParentResult:
+    """A parent of a workflow's job, as the job's claim read it: `ctx.parents`."""
+
+    node: str | None  # its name in the workflow (None: outside it, or its row deleted)
+    job_id: str
+    task: str | None  # None once the parent's row was deleted
+    status: str  # completed, failed or cancelled; `deleted` once its row is gone
+    result: JSON = None  # its result, if it completed

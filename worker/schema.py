@@ -26,7 +26,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, UUID
 
 SCHEMA = "worker"
-STATUSES = ("pending", "processing", "completed", "failed", "paused", "cancelled")
+STATUSES = ("pending", "processing", "completed", "failed", "paused", "cancelled", "held")
 MAX_TASK_NAME = 255
 PRIORITY_RANGE = (-100, 100)
 
@@ -34,7 +34,7 @@ metadata = MetaData(schema=SCHEMA)
 
 _status_list = ", ".join(f"'{s}'" for s in STATUSES)
 # The statuses of a job that holds its unique key.
-LIVE = "status IN ('pending', 'processing', 'paused')"
+LIVE = "status IN ('pending', 'processing', 'paused', 'held')"
 
 jobs = Table(
     "jobs",
@@ -69,6 +69,12 @@ jobs = Table(
     Column("concurrency_key", Text, nullable=True),
     # The trace the job was enqueued in, for its attempts to continue (migration 0009).
     Column("trace_context", JSONB, nullable=True),
+    # A job of a workflow: its graph, its node's name, how many of its parents have not ended
+    # (it is `held` while any has not), and what a parent failing does to it (migration 0014).
+    Column("workflow_id", UUID(as_uuid=True), nullable=True),
+    Column("node", Text, nullable=True),
+    Column("waiting_on", Integer, nullable=False, server_default=text("0")),
+    Column("on_parent_failure", Text, nullable=False, server_default=text("'cancel'")),
     CheckConstraint(f"status IN ({_status_list})", name="jobs_status_valid"),
     CheckConstraint(
         f"char_length(task) BETWEEN 1 AND {MAX_TASK_NAME}", name="jobs_task_name_length"
@@ -110,6 +116,13 @@ jobs = Table(
         "concurrency_key",
         postgresql_where=text("status = 'processing' AND concurrency_key IS NOT NULL"),
     ),
+    CheckConstraint("waiting_on >= 0", name="jobs_waiting_on_positive"),
+    CheckConstraint(
+        "on_parent_failure IN ('cancel', 'run')", name="jobs_on_parent_failure_valid"
+    ),
+    CheckConstraint("char_length(node) BETWEEN 1 AND 255", name="jobs_node_length"),
+    Index("jobs_workflow_idx", "workflow_id", postgresql_where=text("workflow_id IS NOT NULL")),
+    Index("jobs_held_idx", "queue", postgresql_where=text("status = 'held'")),
     Index(
         "jobs_unique_key_idx",
         "unique_key",
@@ -242,4 +255,35 @@ task_limits = Table(
     Column("task", Text, primary_key=True),
     Column("max_retries", Integer, nullable=False),
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
+)
+
+# A graph of jobs enqueued together (migration 0014); `key` makes it unique, as `unique_key`
+# makes a job.
+workflows = Table(
+    "workflows",
+    metadata,
+    Column("id", UUID(as_uuid=True), primary_key=True, server_default=text("worker.uuid_v7()")),
+    Column("name", Text, nullable=False),
+    Column("key", Text, nullable=True),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
+    CheckConstraint("char_length(name) BETWEEN 1 AND 255", name="workflows_name_length"),
+    CheckConstraint("char_length(key) BETWEEN 1 AND 255", name="workflows_key_length"),
+    Index("workflows_key_idx", "key", unique=True, postgresql_where=text("key IS NOT NULL")),
+)
+
+# One row per edge: the child waits for the parent. `ended_as` is the parent's outcome once
+# `worker.parents_ended()` counted it (migration 0014). No foreign keys: a deleted parent ends
+# as `deleted` for its children, and a deleted child takes its edges (trigger `jobs_gone`).
+job_dependencies = Table(
+    "job_dependencies",
+    metadata,
+    Column("child_id", UUID(as_uuid=True), nullable=False),
+    Column("parent_id", UUID(as_uuid=True), nullable=False),
+    Column("ended_as", Text, nullable=True),
+    PrimaryKeyConstraint("child_id", "parent_id", name="job_dependencies_pkey"),
+    CheckConstraint(
+        "ended_as IN ('completed', 'failed', 'cancelled', 'deleted')",
+        name="job_dependencies_ended_as_valid",
+    ),
+    Index("job_dependencies_parent_idx", "parent_id"),
 )

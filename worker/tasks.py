@@ -34,6 +34,7 @@ from worker.models import (
     JobEnding,
     Outcome,
     OutcomeKind,
+    ParentResult,
     ProgressEvent,
 )
 from worker.retries import DEFAULT_RULES, Backoff, RetryRules, rules
@@ -160,6 +161,26 @@ class Context:
             message=message,
             created_at=datetime.now(UTC),
         )
+
+    @property
+    def parents(self) -> list[ParentResult]:
+        """The parents of this job of a workflow, each with how it ended and its result, in
+        the order they were added to the graph (empty for a job with none)."""
+        return [
+            ParentResult(p.get("node"), str(p["id"]), p.get("task"), p["status"], p.get("result"))
+            for p in self.job.parents or ()
+        ]
+
+    def result_of(self, node: Any) -> JSON:
+        """The result of the parent named `node` (or the `Node` that `Workflow.add` returned);
+        `LookupError` if no parent has that name, or if that parent did not complete."""
+        name = getattr(node, "name", node)
+        for parent in self.parents:
+            if name in (parent.node, parent.job_id):
+                if parent.status != "completed":
+                    raise LookupError(f"parent {name} ended {parent.status}: it has no result")
+                return parent.result
+        raise LookupError(f"{name!r} is not a parent of job {self.job_id}")
 
     def snooze(self, seconds: float) -> None:
         """Give the slot back and run this stage again in `seconds` (not counted as a retry)."""

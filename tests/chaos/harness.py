@@ -42,6 +42,9 @@ LEGAL_TRANSITIONS = {
     ("paused", "cancelled"),
     ("failed", "pending"),  # operator retry
     ("cancelled", "pending"),  # operator retry
+    (None, "held"),  # a workflow's job with parents (migration 0014)
+    ("held", "pending"),  # its last parent ended
+    ("held", "cancelled"),  # a parent failed (policy cancel), or a cancel
 }
 
 AUDIT = """

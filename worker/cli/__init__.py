@@ -21,6 +21,7 @@ from worker.cli import failures, maintenance, queues, serve, status
 from worker.cli import jobs as job_commands
 from worker.cli import run as run_command
 from worker.cli import schedule as schedule_command
+from worker.cli import workflows as workflow_commands
 from worker.cli.errors import CliError, fail, friendly
 from worker.cli.output import err, out
 from worker.cli.shadowing import shadowing_message, shadowing_module
@@ -56,6 +57,7 @@ def _program(
 db_app = typer.Typer(help="The embedded PostgreSQL (used when DATABASE_URL is unset).")
 app.add_typer(db_app, name="db")
 app.add_typer(queues.queue_app, name="queue")
+app.add_typer(workflow_commands.workflow_app, name="workflow")
 
 for command in (
     run_command.run,
@@ -67,6 +69,7 @@ for command in (
     job_commands.retry,
     job_commands.show,
     job_commands.jobs,
+    workflow_commands.workflows,
     failures.failures,
     status.stats,
     status.workers,
@@ -78,6 +81,7 @@ for command in (
 ):
     app.command()(friendly(command))
 db_app.command("start")(friendly(maintenance.db_start))
+workflow_commands.workflow_app.command("show")(friendly(workflow_commands.workflow_show))
 db_app.command("stop")(friendly(maintenance.db_stop))
 
 

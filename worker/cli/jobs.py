@@ -34,6 +34,7 @@ from worker.cli.session import ask, client, settings
 from worker.db import admin
 from worker.models import JobStatus
 from worker.progress_bar import progress_bar
+from worker.workflow.handle import waiting_for
 
 BATCH = 1000  # rows per statement in bulk retry and prune: short locks, steady progress
 MAX_PAGE = 10**12  # a page past it would skip more rows than a bigint OFFSET counts
@@ -220,6 +221,10 @@ def show(
         table.add_row("question", json.dumps(job.question))
     if job.error:
         table.add_row("last error", Text(job.error.strip(), style="red"))
+    if job.status is JobStatus.HELD:
+        for parent in waiting_for(client(), job_id):
+            name = parent.node or parent.task or "deleted"
+            table.add_row("waiting for", f"{parent.job_id} {name} {styled(parent.status or '')}")
     out.print(table)
     if job.stages:
         stages = Table(

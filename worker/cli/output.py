@@ -34,6 +34,7 @@ _STATUS_STYLE: dict[str, str] = {
     JobStatus.FAILED: "red",
     JobStatus.PAUSED: "magenta",
     JobStatus.CANCELLED: "dim",
+    JobStatus.HELD: "blue",
 }
 
 

@@ -12,6 +12,7 @@ says in one line why it is safe. Callers name a statement as `sql.CLAIM`, wherev
 - `events`: progress events;
 - `queues`: pausing, resuming and limiting a queue, and each queue's state;
 - `schedules`: a periodic task's tick, fired once by any number of workers;
+- `workflows`: a graph of jobs written at once, read, counted and cancelled;
 - `admin`: the read-only questions of the HTTP edge, the CLI and the metrics, the CLI's
   bulk writes, and the demo's and the bench's questions about their own jobs.
 
@@ -101,10 +102,19 @@ from worker.db.sql.stages import (
     RECORD_FINAL_ERROR,
     STAGE_WRITES,
 )
+from worker.db.sql.workflows import (
+    CANCEL_WORKFLOW,
+    ENQUEUE_WORKFLOW,
+    GET_WORKFLOW,
+    LIST_WORKFLOWS,
+    WAITING_FOR,
+    WORKFLOW_JOBS,
+)
 
 __all__ = [
     "CANCEL",
     "CANCEL_REQUESTED",
+    "CANCEL_WORKFLOW",
     "CLAIM",
     "CLAIM_ONE_QUEUE",
     "COUNT_FINISHED",
@@ -122,11 +132,13 @@ __all__ = [
     "ENQUEUE_MANY_COPY_TRACED",
     "ENQUEUE_MANY_UNIQUE",
     "ENQUEUE_UNIQUE",
+    "ENQUEUE_WORKFLOW",
     "FAILURE_GROUPS",
     "FIND_JOBS",
     "FIRE_TICK",
     "GET_JOB",
     "GET_STAGES",
+    "GET_WORKFLOW",
     "HAS_VERSION_TABLE",
     "HEALTH",
     "HEARTBEAT",
@@ -140,6 +152,7 @@ __all__ = [
     "LEFT_TO_RUN",
     "LIMIT_QUEUE",
     "LIST_WORKERS",
+    "LIST_WORKFLOWS",
     "LOAD_STAGES",
     "OUTCOMES",
     "PAUSE_QUEUE",
@@ -165,4 +178,6 @@ __all__ = [
     "STUCK_BY_QUEUE",
     "SUMMARY_BY_STATUS",
     "UNSERVED_TASKS",
+    "WAITING_FOR",
+    "WORKFLOW_JOBS",
 ]

@@ -5,7 +5,9 @@
 # worker honours it at the next stage boundary, then runs the cleanup). A waiting job whose
 # stages ran without their cleanup (paused, snoozed, rescued) goes back to a worker at once,
 # which runs only that cleanup and settles it cancelled. Which attempt owes a cleanup is
-# `worker.owed_cleanup_attempt` (migration 0007), the rule a resuming worker reads too.
+# `worker.owed_cleanup_attempt` (migration 0007), the rule a resuming worker reads too. A
+# held job (waiting for parents) is cancelled at once; the trigger `jobs_ended` (migration
+# 0014) settles its own held children in this statement.
 CANCEL = """
 WITH target AS (
     SELECT j.id, j.status, worker.owed_cleanup_attempt(j.id) IS NOT NULL AS owes_cleanup
@@ -20,7 +22,7 @@ WITH target AS (
         run_at = CASE WHEN t.status <> 'processing' THEN now() ELSE j.run_at END,
         cancel_requested = true
     FROM target AS t
-    WHERE j.id = t.id AND t.status IN ('pending', 'paused', 'processing')
+    WHERE j.id = t.id AND t.status IN ('pending', 'paused', 'processing', 'held')
     RETURNING j.id, j.status, j.queue
 )
 SELECT (SELECT status FROM target) AS before, c.status AS after,

@@ -2,9 +2,11 @@
 
 
 def _compact(statement: str) -> str:
-    """The statement without its indentation: psycopg keeps the parse of a statement only up
-    to `psycopg._queries.MAX_CACHED_STATEMENT_LENGTH`, and parses a longer one at every run."""
-    return "\n".join(line.strip() for line in statement.splitlines() if line.strip())
+    """The statement without its indentation and comment lines: psycopg keeps the parse of a
+    statement only up to `psycopg._queries.MAX_CACHED_STATEMENT_LENGTH`, and parses a longer
+    one at every run."""
+    lines = (line.strip() for line in statement.splitlines())
+    return "\n".join(line for line in lines if line and not line.startswith("--"))
 
 
 # The claim comes in two forms, which differ only in how they pick the jobs (`next`): the
@@ -139,7 +141,7 @@ WITH lease AS (
                             AS m(task, n) WHERE m.task = j.task),
                        %(default_max_retries)s) AS max_retries,
               j.cancel_requested, j.answer, next.error AS last_error, j.final_error,
-              j.trace_context
+              j.trace_context, j.workflow_id
 ), first_stage AS (
     -- A pipeline job with no stage row yet starts its first stage with the claim: one commit
     -- less per job. Jobs that will not run (as `settled_before_start`) get no row. Only the
@@ -162,7 +164,9 @@ WITH lease AS (
     WHERE q.name = c.queue AND q.rate IS NOT NULL
 )
 -- In claim order: the worker starts jobs it claimed ahead of its free slots in this order.
-SELECT c.*, c.id IN (SELECT job_id FROM first_stage) AS first_stage_started
+-- A job of a workflow reads its parents' results with its claim (`worker.parent_results`).
+SELECT c.*, c.id IN (SELECT job_id FROM first_stage) AS first_stage_started,
+       CASE WHEN c.workflow_id IS NOT NULL THEN worker.parent_results(c.id) END AS parents
 FROM claimed AS c JOIN next ON next.id = c.id
 ORDER BY next.priority DESC, next.fresh, next.run_at
 """
@@ -243,7 +247,7 @@ WITH lease AS (
                             AS m(task, n) WHERE m.task = j.task),
                        %(default_max_retries)s) AS max_retries,
               j.cancel_requested, j.answer, next.error AS last_error, j.final_error,
-              j.trace_context
+              j.trace_context, j.workflow_id
 ), first_stage AS (
     -- A pipeline job with no stage row yet starts its first stage with the claim: one commit
     -- less per job. Jobs that will not run (as `settled_before_start`) get no row. Only the
@@ -266,7 +270,9 @@ WITH lease AS (
     WHERE q.name = c.queue AND q.rate IS NOT NULL
 )
 -- In claim order: the worker starts jobs it claimed ahead of its free slots in this order.
-SELECT c.*, c.id IN (SELECT job_id FROM first_stage) AS first_stage_started
+-- A job of a workflow reads its parents' results with its claim (`worker.parent_results`).
+SELECT c.*, c.id IN (SELECT job_id FROM first_stage) AS first_stage_started,
+       CASE WHEN c.workflow_id IS NOT NULL THEN worker.parent_results(c.id) END AS parents
 FROM claimed AS c JOIN next ON next.id = c.id
 ORDER BY next.priority DESC, next.fresh, next.run_at
 """
