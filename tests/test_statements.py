@@ -66,6 +66,7 @@ SAMPLES: dict[str, Any] = {
     "backoff_base": 1.0,
     "backoff_max": 60.0,
     "batch": 100,
+    "edges": "[]",
     "before": NOW,
     "before_at": None,
     "before_id": None,
@@ -124,6 +125,7 @@ SAMPLES: dict[str, Any] = {
     "max_retries": None,
     "name": "default",
     "newer": None,
+    "nodes": "[]",
     "offset": 0,
     "older": None,
     "outcomes": json.dumps(

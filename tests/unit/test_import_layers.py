@@ -27,7 +27,7 @@ LAYERS = [
     {"worker"},
     {"daemon"},
     {"middleware"},
-    {"stages"},
+    {"stages", "workflow"},
     {"tasks"},
     {"schedules"},
     {"attempt"},

@@ -51,7 +51,7 @@ WITH job AS (
     WHERE id = %(id)s AND status IN ('failed', 'cancelled')
       AND NOT EXISTS (SELECT FROM worker.jobs AS holder
                       WHERE holder.unique_key = j.unique_key
-                        AND holder.status IN ('pending', 'processing', 'paused')
+                        AND holder.status IN ('pending', 'processing', 'paused', 'held')
                         AND holder.id <> j.id)
     RETURNING id, queue
 ), renumbered AS (

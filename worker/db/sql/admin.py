@@ -102,7 +102,7 @@ WITH batch AS (
       AND (finished_at <= %(cutoff)s::timestamptz OR finished_at IS NULL)
       AND NOT EXISTS (SELECT FROM worker.jobs AS holder
                       WHERE holder.unique_key = j.unique_key
-                        AND holder.status IN ('pending', 'processing', 'paused')
+                        AND holder.status IN ('pending', 'processing', 'paused', 'held')
                         AND holder.id <> j.id)
     LIMIT %(batch)s
     FOR UPDATE SKIP LOCKED

@@ -41,7 +41,7 @@ SELECT id, run_at FROM worker.jobs WHERE id = CAST(%(id)s AS uuid) AND NOT EXIST
 # the connection died: a first try that committed is found by its id. No row: the job holding
 # the key committed after this statement's snapshot (the insert waited for it), so it cannot
 # be read here; the caller runs this again, and a new snapshot sees it.
-# A live job is written `status IN ('pending', 'processing', 'paused')` here and wherever a
+# A live job is written `status IN ('pending', 'processing', 'paused', 'held')` here and wherever a
 # statement asks who holds a key: the predicate of `jobs_unique_key_idx` (`worker.schema.LIVE`)
 # as written, so the index serves the question.
 ENQUEUE_UNIQUE = """
@@ -63,7 +63,7 @@ UNION ALL
  WHERE id = CAST(%(id)s AS uuid) AND NOT EXISTS (SELECT FROM ins)
  UNION ALL
  SELECT id, run_at FROM worker.jobs
- WHERE unique_key = %(unique_key)s AND status IN ('pending', 'processing', 'paused')
+ WHERE unique_key = %(unique_key)s AND status IN ('pending', 'processing', 'paused', 'held')
    AND NOT EXISTS (SELECT FROM ins)
  LIMIT 1)
 """
@@ -105,7 +105,7 @@ SELECT x.i AS asked, coalesce(
     (SELECT ins.id FROM ins WHERE ins.id = x.i),
     (SELECT j.id FROM worker.jobs AS j WHERE j.id = x.i),
     (SELECT j.id FROM worker.jobs AS j
-     WHERE j.unique_key = x.u AND j.status IN ('pending', 'processing', 'paused'))) AS id
+     WHERE j.unique_key = x.u AND j.status IN ('pending', 'processing', 'paused', 'held'))) AS id
 FROM json_to_recordset(CAST(%(jobs)s AS json))
     AS x(i uuid, t text, p json, q text, pr smallint, ra timestamptz, d float8, mr integer,
          u text, ck text)
