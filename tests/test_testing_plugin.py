@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import textwrap
+import threading
 import time
 
 import psycopg
@@ -68,6 +69,16 @@ no_cleanup = Pipeline("plugin_no_cleanup")
 @no_cleanup.stage
 def plugin_only_stage(ctx):
     return 1
+
+
+held_open = threading.Event()  # set once `plugin_held_open` runs
+release = threading.Event()  # lets it return
+
+
+@task(name="plugin_held_open")
+def plugin_held_open(payload):
+    held_open.set()
+    release.wait(30)
 
 
 @task(name="plugin_hourly", every=3600)
@@ -149,6 +160,32 @@ def test_drain_leaves_a_job_of_a_task_not_registered_here_pending_and_does_not_w
     assert [j.job_id for j in drain(url=database_url, timeout=5)] == [known.job_id]
     left = client.get(typo.job_id)
     assert (left.status, left.retry_count, left.error) == (JobStatus.PENDING, 0, None)
+
+
+def test_a_task_registered_while_a_drain_runs_is_left_to_the_next_drain_not_waited_for(
+    database_url,
+):
+    client = Client(database_url)
+    first = client.enqueue("plugin_held_open")
+    drained: list[list[str]] = []
+    running = threading.Thread(
+        target=lambda: drained.append([j.job_id for j in drain(url=database_url, timeout=20)])
+    )
+    running.start()
+    try:
+        assert held_open.wait(10)
+
+        @task(name="plugin_registered_late")
+        def registered_late(payload):
+            return "late"
+
+        late = client.enqueue("plugin_registered_late")
+    finally:
+        release.set()
+        running.join(30)
+    assert drained == [[first.job_id]]
+    [done] = drain(url=database_url, timeout=10)
+    assert (done.job_id, done.result) == (late.job_id, "late")
 
 
 def test_drain_returns_at_once_when_nothing_is_due(database_url):

@@ -82,7 +82,9 @@ class Worker:
         self.url = url
         self.settings = settings
         self.id = uuid.uuid4()
-        self.registry = registry
+        # The tasks registered now are the ones it serves, as its row will say: a task
+        # registered later is claimed by a worker built after it.
+        self.registry = dict(registry)
         self.queues = list(settings.queues)
         self.concurrency = settings.concurrency
         self.bus: ProgressBus = bus if bus is not None else PostgresBus(url)
@@ -109,7 +111,7 @@ class Worker:
             drained=self._drained if burst else None,
         )
         self._executor = Executor(
-            registry, settings, self, self._local.finished, self._local.freed, middleware
+            self.registry, settings, self, self._local.finished, self._local.freed, middleware
         )
         self._local.executor = self._executor
         self._failure: DutyFailed | None = None
@@ -158,8 +160,6 @@ class Worker:
         self.request_stop()
 
     async def run(self) -> None:
-        # Read once, not per claim: the tasks registered now are the ones this worker serves,
-        # as its row says (a task registered later is claimed once the worker starts again).
         spec = claim_spec(self.id, self.queues, self.settings, self.registry)
         registration = Registration(
             self.id,
