@@ -16,6 +16,7 @@ __version__ = "0.5.0"
 
 from worker.client import (
     AsyncClient,
+    BatchJobs,
     Client,
     InvalidJob,
     InvalidTransition,
@@ -45,6 +46,7 @@ __all__ = [
     "ALL_SUCCESS",
     "AsyncClient",
     "Backoff",
+    "BatchJobs",
     "Client",
     "Context",
     "InvalidJob",

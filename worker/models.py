@@ -34,6 +34,17 @@ class JobStatus(StrEnum):
         return self in TERMINAL_STATUSES
 
 
+class ParentFailure(StrEnum):
+    """What a parent that failed for good, was cancelled or was deleted does to its child.
+    Stored as text in `worker.jobs.on_parent_failure`."""
+
+    CANCEL = "cancel"  # the child is cancelled, its error naming the parent
+    RUN = "run"  # the child runs anyway once every parent has ended (a finalizer)
+    # The child waits for every parent, then runs only if one of them did not complete; if all
+    # completed it is cancelled as not needed (a batch's `on_failure`, migration 0016).
+    RUN_IF_FAILED = "run_if_failed"
+
+
 class StageStatus(StrEnum):
     """Where one stage (or cleanup) of a pipeline job is. Stored in `worker.job_stages.status`."""
 
@@ -181,6 +192,24 @@ class StageEnd:
     stage: str
     status: StageStatus  # completed, or failed or cancelled (then the job's error)
     output: str | None = None  # JSON text, for a completed stage
+
+
+@dataclass(frozen=True)
+class ParentCounts:
+    """How a job's parents ended, counted (`ctx.parent_counts`): a batch callback's summary.
+
+    >>> ParentCounts(completed=98, failed=1, cancelled=1).total
+    100
+    """
+
+    completed: int = 0
+    failed: int = 0  # failed for good, retries spent
+    cancelled: int = 0
+    deleted: int = 0  # deleted before it ended
+
+    @property
+    def total(self) -> int:
+        return self.completed + self.failed + self.cancelled + self.deleted
 
 
 @dataclass(frozen=True)

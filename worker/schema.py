@@ -75,6 +75,8 @@ jobs = Table(
     Column("node", Text, nullable=True),
     Column("waiting_on", Integer, nullable=False, server_default=text("0")),
     Column("on_parent_failure", Text, nullable=False, server_default=text("'cancel'")),
+    # How many of its parents ended without completing, for `run_if_failed` (migration 0016).
+    Column("failed_parents", Integer, nullable=False, server_default=text("0")),
     CheckConstraint(f"status IN ({_status_list})", name="jobs_status_valid"),
     CheckConstraint(
         f"char_length(task) BETWEEN 1 AND {MAX_TASK_NAME}", name="jobs_task_name_length"
@@ -118,8 +120,10 @@ jobs = Table(
     ),
     CheckConstraint("waiting_on >= 0", name="jobs_waiting_on_positive"),
     CheckConstraint(
-        "on_parent_failure IN ('cancel', 'run')", name="jobs_on_parent_failure_valid"
+        "on_parent_failure IN ('cancel', 'run', 'run_if_failed')",
+        name="jobs_on_parent_failure_valid",
     ),
+    CheckConstraint("failed_parents >= 0", name="jobs_failed_parents_positive"),
     CheckConstraint("char_length(node) BETWEEN 1 AND 255", name="jobs_node_length"),
     Index("jobs_workflow_idx", "workflow_id", postgresql_where=text("workflow_id IS NOT NULL")),
     Index("jobs_held_idx", "queue", postgresql_where=text("status = 'held'")),

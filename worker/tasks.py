@@ -16,6 +16,7 @@ import functools
 import inspect
 import threading
 import typing
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -34,6 +35,7 @@ from worker.models import (
     JobEnding,
     Outcome,
     OutcomeKind,
+    ParentCounts,
     ParentResult,
     ProgressEvent,
 )
@@ -170,6 +172,15 @@ class Context:
             ParentResult(p.get("node"), str(p["id"]), p.get("task"), p["status"], p.get("result"))
             for p in self.job.parents or ()
         ]
+
+    @property
+    def parent_counts(self) -> ParentCounts:
+        """How this job's parents ended, counted by outcome: what a batch's `on_complete` or
+        `on_failure` callback reads of its batch (all zero for a job with no parents)."""
+        ended = Counter(str(p["status"]) for p in self.job.parents or ())
+        return ParentCounts(
+            ended["completed"], ended["failed"], ended["cancelled"], ended["deleted"]
+        )
 
     def result_of(self, node: Any) -> JSON:
         """The result of the parent named `node` (or the `Node` that `Workflow.add` returned);

@@ -20,14 +20,16 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from datetime import timedelta
-from typing import Any
+from typing import Any, overload
 from uuid import UUID
 
 from worker.client._async import AsyncClient
 from worker.client._sync import Client
+from worker.client.batches import MAX_BATCH_JOBS, BatchJobs, Callback
 from worker.client.errors import InvalidJob, InvalidTransition, JobNotFound
 from worker.client.job import Job, JobCancelledError, JobError, JobFailed
 from worker.client.queues import QueueState
+from worker.client.targets import SyncTarget
 from worker.client.validation import (
     MAX_DELAY,
     MAX_RETRIES_LIMIT,
@@ -49,11 +51,13 @@ __all__ = [
     "LISTENER_NAME",
     "LISTEN_LINGER_SECONDS",
     "LISTEN_READY_SECONDS",
+    "MAX_BATCH_JOBS",
     "MAX_DELAY",
     "MAX_RETRIES_LIMIT",
     "RUN_AT_YEARS",
     "WAIT_RECHECK_SECONDS",
     "AsyncClient",
+    "BatchJobs",
     "Client",
     "InvalidJob",
     "InvalidTransition",
@@ -96,14 +100,47 @@ def enqueue(task: str, payload: dict[str, JSON] | None = None, **options: Any) -
     return default_client().enqueue(task, payload, **options)
 
 
+@overload
 def enqueue_many(
-    jobs: Iterable[JobSpec | tuple[str, dict[str, JSON]]], **options: Any
-) -> list[Job]:
-    """Enqueue many jobs in one round trip with the default client; see `Client.enqueue_many`.
+    jobs: Iterable[JobSpec | tuple[str, dict[str, JSON]]], *, connection: SyncTarget = None
+) -> list[Job]: ...
+
+
+@overload
+def enqueue_many(
+    jobs: Iterable[JobSpec | tuple[str, dict[str, JSON]]],
+    *,
+    connection: SyncTarget = None,
+    on_complete: Callback,
+    on_failure: Callback | None = None,
+) -> BatchJobs: ...
+
+
+@overload
+def enqueue_many(
+    jobs: Iterable[JobSpec | tuple[str, dict[str, JSON]]],
+    *,
+    connection: SyncTarget = None,
+    on_complete: Callback | None = None,
+    on_failure: Callback,
+) -> BatchJobs: ...
+
+
+def enqueue_many(
+    jobs: Iterable[JobSpec | tuple[str, dict[str, JSON]]],
+    *,
+    connection: SyncTarget = None,
+    on_complete: Callback | None = None,
+    on_failure: Callback | None = None,
+) -> list[Job] | BatchJobs:
+    """Enqueue many jobs in one round trip with the default client; see `Client.enqueue_many`
+    (and its `on_complete` and `on_failure` callbacks).
 
     >>> enqueue_many([("add", {"a": i, "b": 1}) for i in range(1000)])   # doctest: +SKIP
+    >>> enqueue_many(specs, on_complete="report").on_complete   # doctest: +SKIP
     """
-    return default_client().enqueue_many(jobs, **options)
+    options: dict[str, Any] = {"on_complete": on_complete, "on_failure": on_failure}
+    return default_client().enqueue_many(jobs, connection=connection, **options)
 
 
 def cancel(job_id: str | UUID) -> JobStatus:

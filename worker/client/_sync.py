@@ -10,13 +10,14 @@ from __future__ import annotations
 from collections.abc import Iterable
 from datetime import datetime, timedelta
 from functools import cache
-from typing import Any
+from typing import Any, overload
 from uuid import UUID
 
 import psycopg
 from psycopg.rows import tuple_row
 
 from worker import tracing
+from worker.client.batches import BatchJobs, Callback, with_callbacks
 from worker.client.errors import InvalidTransition, JobNotFound
 from worker.client.job import (
     Get,
@@ -166,19 +167,63 @@ class Client:
                 return new_job(id_, spec, self, due, duplicate=str(id_) != params["id"])
         raise unsettled_key(unique_key)
 
+    @overload
     def enqueue_many(
         self,
         jobs: Iterable[JobSpec | tuple[str, dict[str, JSON]]],
         *,
         connection: SyncTarget = None,
-    ) -> list[Job]:
+    ) -> list[Job]: ...
+
+    @overload
+    def enqueue_many(
+        self,
+        jobs: Iterable[JobSpec | tuple[str, dict[str, JSON]]],
+        *,
+        connection: SyncTarget = None,
+        on_complete: Callback,
+        on_failure: Callback | None = None,
+    ) -> BatchJobs: ...
+
+    @overload
+    def enqueue_many(
+        self,
+        jobs: Iterable[JobSpec | tuple[str, dict[str, JSON]]],
+        *,
+        connection: SyncTarget = None,
+        on_complete: Callback | None = None,
+        on_failure: Callback,
+    ) -> BatchJobs: ...
+
+    def enqueue_many(
+        self,
+        jobs: Iterable[JobSpec | tuple[str, dict[str, JSON]]],
+        *,
+        connection: SyncTarget = None,
+        on_complete: Callback | None = None,
+        on_failure: Callback | None = None,
+    ) -> list[Job] | BatchJobs:
         """Insert many jobs in one statement (one round trip); returns their handles in order.
 
         Every job is validated first: if one is bad, `InvalidJob` names its index and nothing
         is written. Idle workers are woken once per queue, not once per job.
 
+        With `on_complete` (a task, a task's name or a `JobSpec`), one job of it runs once
+        every job of the batch has ended, however each ended; with `on_failure`, one runs
+        then only if a job failed for good or was cancelled. Each reads the outcomes counted
+        as `ctx.parent_counts`. The batch is then a workflow, written in the same one
+        statement, of at most `MAX_BATCH_JOBS` jobs with no `unique_key`; the handles come as
+        a `BatchJobs` list, with `on_complete`, `on_failure` and `workflow_id`.
+
         >>> client.enqueue_many([("resize", {"id": i}) for i in range(50)])  # doctest: +SKIP
+        >>> client.enqueue_many(specs, on_complete="report")   # doctest: +SKIP
         """
+        if on_complete is not None or on_failure is not None:
+            prepared = with_callbacks(jobs, on_complete, on_failure, self.max_payload_bytes)
+            statement = sql.ENQUEUE_WORKFLOW  # idempotent by the workflow's id: safe to run again
+            self._insert(statement, statement, prepared.params, connection, True)
+            made = zip(prepared.batch.ids, prepared.batch.specs, strict=True)
+            return prepared.handles([new_job(i, spec, self) for i, spec in made])
         batch = prepared_many(jobs, self.max_payload_bytes)
         if not batch.specs:
             return []

@@ -5,7 +5,8 @@ last one's outcome (the database's `worker.parents_ended()`, migration 0014); it
 `ctx.result_of(name)`.
 """
 
-from worker.workflow.graph import InvalidWorkflow, Node, ParentFailure, Workflow
+from worker.models import ParentFailure
+from worker.workflow.graph import InvalidWorkflow, Node, Workflow
 from worker.workflow.handle import WorkflowHandle, WorkflowNotFound
 
 __all__ = [

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
@@ -28,7 +27,7 @@ from worker.client.validation import Batch, validated
 from worker.db import sql
 from worker.encoding import dumps
 from worker.ids import new_job_id, new_job_ids
-from worker.models import JSON
+from worker.models import JSON, ParentFailure
 
 if TYPE_CHECKING:
     from worker.tasks import Task
@@ -39,13 +38,6 @@ MAX_NAME = 255
 
 class InvalidWorkflow(InvalidJob):
     """A workflow was refused before anything was written: the message names the problem."""
-
-
-class ParentFailure(StrEnum):
-    """What a parent that failed for good, was cancelled or was deleted does to its child."""
-
-    CANCEL = "cancel"  # the child is cancelled, its error naming the parent
-    RUN = "run"  # the child runs anyway once every parent has ended (a finalizer)
 
 
 @dataclass(frozen=True)
@@ -122,7 +114,8 @@ class Workflow:
             policy = ParentFailure(on_parent_failure)
         except ValueError:
             raise InvalidWorkflow(
-                f"on_parent_failure must be 'cancel' or 'run', not {on_parent_failure!r}"
+                f"on_parent_failure must be one of {', '.join(repr(str(p)) for p in ParentFailure)}"
+                f", not {on_parent_failure!r}"
             ) from None
         if isinstance(task, str):
             task_name, stored, given_options = task, payload, options

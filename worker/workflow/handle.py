@@ -126,8 +126,8 @@ class WorkflowHandle:
     def cancel(self) -> int:
         """Cancel every job of the workflow that has not ended, as `cancel` does one job (a
         running job stops at its next stage boundary, after its cleanup), except its
-        finalizers (`on_parent_failure="run"`), which run once their parents have ended.
-        Returns how many jobs were cancelled or asked to stop."""
+        finalizers (`on_parent_failure="run"` or `"run_if_failed"`), which their parents'
+        outcomes settle. Returns how many jobs were cancelled or asked to stop."""
         (row,) = self._sync()._run(sql.CANCEL_WORKFLOW, {"id": self.id})
         return int(row.changed)
 

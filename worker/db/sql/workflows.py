@@ -57,13 +57,14 @@ ORDER BY d.parent_id
 # ids are time-ordered and a graph is added parents first), the order the release of children
 # locks them in, so this never deadlocks with an outcome write. As `sql.CANCEL` for each job:
 # one not running and owing no cleanup is cancelled at once, a running one gets the request.
-# A job whose policy is `run` (a finalizer) is left to run once its parents have ended; the
-# trigger `jobs_ended` (migration 0014) settles the held children of the jobs cancelled here.
+# A job whose policy is `run` (a finalizer) or `run_if_failed` (a batch's `on_failure`) is left
+# to its parents' outcomes; the trigger `jobs_ended` (migration 0014) settles the held children
+# of the jobs cancelled here.
 CANCEL_WORKFLOW = """
 WITH target AS (
     SELECT j.id, j.status, worker.owed_cleanup_attempt(j.id) IS NOT NULL AS owes_cleanup
     FROM worker.jobs AS j
-    WHERE j.workflow_id = %(id)s AND j.on_parent_failure <> 'run'
+    WHERE j.workflow_id = %(id)s AND j.on_parent_failure NOT IN ('run', 'run_if_failed')
       AND j.status IN ('pending', 'paused', 'processing', 'held')
     ORDER BY j.id
     FOR UPDATE

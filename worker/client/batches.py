@@ -1,0 +1,160 @@
+"""Batches with callbacks: `enqueue_many(jobs, on_complete=..., on_failure=...)`.
+
+A batch with a callback is a workflow (`worker.enqueue_workflow()`, migration 0014): each job
+of the batch is a node with no parents, named by its index in the batch, and each callback a
+node whose parents are every job of the batch. `on_complete` (policy `run`) runs once every
+job has ended, however it ended; `on_failure` (policy `run_if_failed`, migration 0016) runs
+then only if one of them failed for good, was cancelled or was deleted, and is cancelled as
+not needed if all completed. Each is released in the transaction that records the last job's
+outcome, by the rule every workflow follows. The whole batch is one statement, whatever its
+width. Nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from worker import tracing
+from worker.client.errors import InvalidJob
+from worker.client.job import Job
+from worker.client.validation import Batch, JobSpec, prepared_many, validated
+from worker.ids import new_job_id, new_job_ids
+from worker.models import JSON, ParentFailure
+
+# The most jobs a batch with a callback takes. Each callback's claim reads every job's outcome
+# and result (`ctx.parents`), and every job's end takes the callback's row lock in turn: past
+# this, split the work into batches, or let a callback enqueue the next one.
+MAX_BATCH_JOBS = 10_000
+
+# The name of the workflow a batch is (`worker workflows`, `GET /workflows`).
+BATCH_WORKFLOW = "batch"
+
+
+class _TaskLike(Protocol):
+    """A task (`@task`'s handle), known here by its name alone."""
+
+    @property
+    def name(self) -> str: ...
+
+
+# What `on_complete=` and `on_failure=` take: a task, a task's name, or a `JobSpec` (to give
+# the callback a payload or a queue: `report.spec({"day": "2026-12-06"})`).
+Callback = JobSpec | str | _TaskLike
+
+
+class BatchJobs(list[Job]):
+    """What `enqueue_many` returns given a callback: the batch's jobs in order, as a list, with
+    the callback jobs and the id of the workflow the batch is (`Workflow.get(workflow_id)`).
+
+    >>> jobs = enqueue_many(specs, on_complete=report)   # doctest: +SKIP
+    >>> jobs.on_complete.wait_sync(timeout=60)           # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        jobs: Iterable[Job],
+        workflow_id: str,
+        on_complete: Job | None,
+        on_failure: Job | None,
+    ) -> None:
+        super().__init__(jobs)
+        self.workflow_id = workflow_id
+        self.on_complete = on_complete
+        self.on_failure = on_failure
+
+
+def _callback_spec(value: object, what: str) -> JobSpec:
+    if isinstance(value, JobSpec):
+        return value
+    if isinstance(value, str):
+        return JobSpec(value)
+    name = getattr(value, "name", None)
+    if callable(value) and isinstance(name, str):
+        return JobSpec(name)
+    raise InvalidJob(
+        f"{what} must be a task, a task's name or a JobSpec, not {type(value).__name__}"
+    )
+
+
+@dataclass
+class CallbackBatch:
+    """A batch and its callbacks, every job validated, as `sql.ENQUEUE_WORKFLOW`'s parameters."""
+
+    batch: Batch  # the batch's jobs, then its callbacks, ids in that order
+    size: int  # how many of them are the batch's
+    callbacks: dict[str, int]  # each callback's index in `batch`, by its name
+    params: dict[str, Any]
+
+    def handles(self, jobs: list[Job]) -> BatchJobs:
+        """The batch's handles, given each job's (`jobs`, in the order of `batch`)."""
+        found = {name: jobs[i] for name, i in self.callbacks.items()}
+        return BatchJobs(
+            jobs[: self.size],
+            self.params["id"],
+            found.get("on_complete"),
+            found.get("on_failure"),
+        )
+
+
+def with_callbacks(
+    jobs: Iterable[JobSpec | tuple[str, dict[str, JSON]]],
+    on_complete: Callback | None,
+    on_failure: Callback | None,
+    max_bytes: int,
+) -> CallbackBatch:
+    """The batch and its callbacks as one workflow, or `InvalidJob` naming what is wrong: a
+    batch empty or wider than `MAX_BATCH_JOBS`, a bad job or callback, a unique key."""
+    items = list(jobs)
+    if not 1 <= len(items) <= MAX_BATCH_JOBS:
+        raise InvalidJob(
+            f"a batch with on_complete or on_failure takes 1 to {MAX_BATCH_JOBS} jobs, "
+            f"not {len(items)}: split it into smaller batches"
+        )
+    batch = prepared_many(items, max_bytes)
+    for i, row in enumerate(batch.rows):
+        if row["unique_key"] is not None:
+            raise InvalidJob(
+                f"job {i}: unique_key is not taken in a batch with on_complete or on_failure: "
+                "the batch's callbacks wait for every job it enqueues"
+            )
+    specs, rows, nodes = list(batch.specs), list(batch.rows), []
+    callbacks: dict[str, int] = {}
+    given = [("on_complete", on_complete, ParentFailure.RUN)]
+    given.append(("on_failure", on_failure, ParentFailure.RUN_IF_FAILED))
+    for name, value, policy in given:
+        if value is None:
+            continue
+        spec = _callback_spec(value, name)
+        try:
+            row = validated(spec, max_bytes)
+        except InvalidJob as exc:
+            raise InvalidJob(f"{name}: {exc}") from None
+        if row["unique_key"] is not None:
+            raise InvalidJob(f"{name}: unique_key is not taken by a batch's callback")
+        callbacks[name] = len(specs)
+        specs.append(spec)
+        rows.append(row)
+        nodes.append((name, policy))
+    # Sorted, so the callbacks' ids come after the jobs' (a workflow's rows are locked in id
+    # order, parents first) and `ctx.parents` lists the jobs in the batch's order.
+    ids = sorted(new_job_ids(len(specs)))
+    size = len(items)
+    parents = ids[:size]
+    node_rows = [f'{{"i":"{id_}","n":"{k}","f":"cancel","w":0}}' for k, id_ in enumerate(parents)]
+    edge_rows: list[str] = []
+    for (name, policy), child in zip(nodes, ids[size:], strict=True):
+        node_rows.append(f'{{"i":"{child}","n":"{name}","f":"{policy}","w":{size}}}')
+        edge_rows.extend(f'{{"c":"{child}","p":"{p}"}}' for p in parents)
+    whole = Batch(specs, ids, rows)
+    params = {
+        "id": new_job_id(),
+        "name": BATCH_WORKFLOW,
+        "key": None,
+        "jobs": whole.params()["jobs"],
+        "nodes": f"[{','.join(node_rows)}]",
+        "edges": f"[{','.join(edge_rows)}]",
+        "trace_context": tracing.carrier(),
+    }
+    return CallbackBatch(whole, size, callbacks, params)
