@@ -54,10 +54,23 @@ class WorkflowHandle:
         found = client._run(sql.GET_WORKFLOW, {"id": workflow_id})
         if not found:
             raise WorkflowNotFound(f"no workflow {workflow_id}")
-        row = found[0]
+        return cls._of(found[0], client._run(sql.WORKFLOW_JOBS, {"id": workflow_id}), client)
+
+    @classmethod
+    async def read_async(cls, workflow_id: str, client: AsyncClient) -> WorkflowHandle:
+        """`read` on an `AsyncClient`."""
+        found = await client._run(sql.GET_WORKFLOW, {"id": workflow_id})
+        if not found:
+            raise WorkflowNotFound(f"no workflow {workflow_id}")
+        job_rows = await client._run(sql.WORKFLOW_JOBS, {"id": workflow_id})
+        return cls._of(found[0], job_rows, client)
+
+    @classmethod
+    def _of(cls, row: Any, job_rows: Any, client: Client | AsyncClient) -> WorkflowHandle:
+        """The handle of `sql.GET_WORKFLOW`'s row and `sql.WORKFLOW_JOBS`' rows."""
         jobs: dict[str, Job] = {}
         parent_ids: dict[str, list[str]] = {}
-        for j in client._run(sql.WORKFLOW_JOBS, {"id": workflow_id}):
+        for j in job_rows:
             spec = JobSpec(
                 j.task,
                 j.payload,
@@ -168,9 +181,15 @@ class WorkflowSummary:
     counts: dict[JobStatus, int]
 
 
+def _summary(r: Any) -> WorkflowSummary:
+    return WorkflowSummary(str(r.id), r.name, r.key, r.created_at, int(r.jobs), _counts(r))
+
+
 def list_workflows(client: Client, limit: int) -> list[WorkflowSummary]:
     """The newest `limit` workflows, newest first."""
-    return [
-        WorkflowSummary(str(r.id), r.name, r.key, r.created_at, int(r.jobs), _counts(r))
-        for r in client._run(sql.LIST_WORKFLOWS, {"limit": limit})
-    ]
+    return [_summary(r) for r in client._run(sql.LIST_WORKFLOWS, {"limit": limit})]
+
+
+async def list_workflows_async(client: AsyncClient, limit: int) -> list[WorkflowSummary]:
+    """`list_workflows` on an `AsyncClient`."""
+    return [_summary(r) for r in await client._run(sql.LIST_WORKFLOWS, {"limit": limit})]
