@@ -214,10 +214,10 @@ class _NotATask:
         (
             [("item", {})] * (MAX_BATCH_JOBS + 1),
             {"on_complete": "summarize"},
-            f"a batch with on_complete or on_failure takes 1 to {MAX_BATCH_JOBS} jobs, "
+            f"a batch with on_complete or on_failure takes at most {MAX_BATCH_JOBS} jobs, "
             f"not {MAX_BATCH_JOBS + 1}",
         ),
-        ([], {"on_failure": "summarize"}, "takes 1 to"),
+        ([], {"on_failure": "summarize"}, "needs at least one job"),
         (
             [("item", {}), ("item", [1])],
             {"on_complete": "summarize"},

@@ -105,7 +105,7 @@ class Workflows:
         except WorkflowNotFound as exc:
             raise ApiError(404, str(exc)) from None
 
-    async def list(self, request: Request) -> Response:
+    async def summaries(self, request: Request) -> Response:
         unknown = set(request.query_params) - {"limit"}
         if unknown:
             raise ApiError(422, f"unknown query parameter: {', '.join(sorted(unknown))}")
@@ -167,7 +167,7 @@ def routes(api: ApiBase) -> list[Route]:
     """The workflows' routes, for `create_app`."""
     w = Workflows(api)
     return [
-        Route("/workflows", w.list, methods=["GET"]),
+        Route("/workflows", w.summaries, methods=["GET"]),
         Route("/workflows/{id}", w.show, methods=["GET"]),
         Route("/workflows/{id}/cancel", w.cancel, methods=["POST"]),
     ]

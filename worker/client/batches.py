@@ -107,25 +107,30 @@ def with_callbacks(
     """The batch and its callbacks as one workflow, or `InvalidJob` naming what is wrong: a
     batch empty or wider than `MAX_BATCH_JOBS`, a bad job or callback, a unique key."""
     items = list(jobs)
-    if not 1 <= len(items) <= MAX_BATCH_JOBS:
+    if len(items) > MAX_BATCH_JOBS:
         raise InvalidJob(
-            f"a batch with on_complete or on_failure takes 1 to {MAX_BATCH_JOBS} jobs, "
+            f"a batch with on_complete or on_failure takes at most {MAX_BATCH_JOBS} jobs, "
             f"not {len(items)}: split it into smaller batches"
         )
+    if not items:
+        raise InvalidJob("a batch with on_complete or on_failure needs at least one job")
     batch = prepared_many(items, max_bytes)
     for i, row in enumerate(batch.rows):
         if row["unique_key"] is not None:
             raise InvalidJob(
-                f"job {i}: unique_key is not taken in a batch with on_complete or on_failure: "
-                "the batch's callbacks wait for every job it enqueues"
+                f"job {i}: unique_key is not taken in a batch with on_complete or on_failure "
+                "(a live job holding the key would stand in for it, outside the batch)"
             )
-    specs, rows, nodes = list(batch.specs), list(batch.rows), []
-    callbacks: dict[str, int] = {}
-    given = [("on_complete", on_complete, ParentFailure.RUN)]
-    given.append(("on_failure", on_failure, ParentFailure.RUN_IF_FAILED))
-    for name, value, policy in given:
-        if value is None:
-            continue
+    chosen = [
+        (name, value, policy)
+        for name, value, policy in (
+            ("on_complete", on_complete, ParentFailure.RUN),
+            ("on_failure", on_failure, ParentFailure.RUN_IF_FAILED),
+        )
+        if value is not None
+    ]
+    specs, rows = list(batch.specs), list(batch.rows)
+    for name, value, _ in chosen:
         spec = _callback_spec(value, name)
         try:
             row = validated(spec, max_bytes)
@@ -133,10 +138,8 @@ def with_callbacks(
             raise InvalidJob(f"{name}: {exc}") from None
         if row["unique_key"] is not None:
             raise InvalidJob(f"{name}: unique_key is not taken by a batch's callback")
-        callbacks[name] = len(specs)
         specs.append(spec)
         rows.append(row)
-        nodes.append((name, policy))
     # Sorted, so the callbacks' ids come after the jobs' (a workflow's rows are locked in id
     # order, parents first) and `ctx.parents` lists the jobs in the batch's order.
     ids = sorted(new_job_ids(len(specs)))
@@ -144,9 +147,10 @@ def with_callbacks(
     parents = ids[:size]
     node_rows = [f'{{"i":"{id_}","n":"{k}","f":"cancel","w":0}}' for k, id_ in enumerate(parents)]
     edge_rows: list[str] = []
-    for (name, policy), child in zip(nodes, ids[size:], strict=True):
+    for (name, _, policy), child in zip(chosen, ids[size:], strict=True):
         node_rows.append(f'{{"i":"{child}","n":"{name}","f":"{policy}","w":{size}}}')
         edge_rows.extend(f'{{"c":"{child}","p":"{p}"}}' for p in parents)
+    callbacks = {name: size + k for k, (name, _, _) in enumerate(chosen)}
     whole = Batch(specs, ids, rows)
     params = {
         "id": new_job_id(),
