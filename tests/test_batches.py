@@ -139,14 +139,17 @@ def test_a_batch_is_a_workflow_whose_callbacks_wait_for_every_job(database_url):
         [("item", {"n": n}) for n in range(3)], on_complete="summarize", on_failure="summarize"
     )
     assert isinstance(jobs, BatchJobs) and isinstance(jobs, list) and len(jobs) == 3
-    handle = Workflow.get(jobs.workflow_id, client=client)
+    assert list(jobs.workflow.jobs) == ["0", "1", "2", "on_complete", "on_failure"]
+    assert jobs.workflow.jobs["on_complete"] is jobs.on_complete
+    # Read back anywhere, it is the same workflow.
+    handle = Workflow.get(jobs.workflow.id, client=client)
     assert handle.name == "batch"
     assert list(handle.jobs) == ["0", "1", "2", "on_complete", "on_failure"]
     assert handle.parents["on_complete"] == handle.parents["on_failure"] == ["0", "1", "2"]
     assert [j.job_id for j in jobs] == [handle.jobs[str(n)].job_id for n in range(3)]
     assert handle.status()[JobStatus.HELD] == 2
     # Cancelling the batch cancels its jobs; both callbacks then run, told so.
-    assert handle.cancel() == 3
+    assert jobs.workflow.cancel() == 3
     assert handle.status()[JobStatus.PENDING] == 2
 
 
@@ -162,6 +165,7 @@ def test_the_async_client_enqueues_a_batch_with_callbacks(database_url):
 
     jobs = asyncio.run(main())
     assert len(jobs) == 4 and jobs.on_complete is None and jobs.on_failure is not None
+    assert list(jobs.workflow.jobs) == ["0", "1", "2", "3", "on_failure"]
     assert _row(database_url, jobs.on_failure.job_id)[0] == "held"
     assert _written(database_url) == (5, 1, 4)
 
@@ -182,7 +186,7 @@ def test_a_wide_batch_is_one_statement_and_releases_its_callback_with_every_coun
         database_url,
         "UPDATE worker.jobs SET status = 'completed', finished_at = now() "
         "WHERE workflow_id = %s AND node <> 'on_complete'",
-        (jobs.workflow_id,),
+        (jobs.workflow.id,),
     )
     processes.worker(env, "batchtasks")
     assert jobs.on_complete is not None

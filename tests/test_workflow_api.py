@@ -33,15 +33,15 @@ def test_workflows_are_listed_shown_and_cancelled_over_http(
     with api.client(headers=api.auth()) as http:
         listed = http.get("/workflows").json()["workflows"]
         assert [(w["id"], w["name"], w["key"], w["jobs"]) for w in listed] == [
-            (batch.workflow_id, "batch", None, 4),
+            (batch.workflow.id, "batch", None, 4),
             (graph.id, "export", "export-1", 2),
         ]
         assert listed[0]["counts"] == _counts(pending=2, held=2)
         assert [
             w["id"] for w in http.get("/workflows", params={"limit": 1}).json()["workflows"]
-        ] == [batch.workflow_id]
+        ] == [batch.workflow.id]
 
-        shown = http.get(f"/workflows/{batch.workflow_id}").json()
+        shown = http.get(f"/workflows/{batch.workflow.id}").json()
         ids = [job.job_id for job in batch] + [batch.on_complete.job_id, batch.on_failure.job_id]
         assert [(j["id"], j["node"], j["status"]) for j in shown["jobs"]] == [
             (ids[0], "0", "pending"),
@@ -55,14 +55,14 @@ def test_workflows_are_listed_shown_and_cancelled_over_http(
         assert shown["counts"] == _counts(pending=2, held=2)
 
         # The batch's jobs are cancelled; its callbacks are released by that, to run.
-        cancelled = http.post(f"/workflows/{batch.workflow_id}/cancel")
+        cancelled = http.post(f"/workflows/{batch.workflow.id}/cancel")
         assert cancelled.status_code == 200, cancelled.text
         assert cancelled.json() == {
-            "id": batch.workflow_id,
+            "id": batch.workflow.id,
             "changed": 2,
             "counts": _counts(cancelled=2, pending=2),
         }
-        again = http.post(f"/workflows/{batch.workflow_id}/cancel").json()
+        again = http.post(f"/workflows/{batch.workflow.id}/cancel").json()
         assert again["changed"] == 0
         assert http.get(f"/workflows/{graph.id}").json()["counts"] == _counts(pending=1, held=1)
 

@@ -24,8 +24,8 @@ from starlette.routing import Route
 
 from worker.api.errors import json_response
 from worker.api.params import DEFAULT_PAGE, MAX_PAGE, ApiError, int_param, path_job_id
+from worker.client.workflows import WorkflowHandle, WorkflowNotFound, list_workflows_async
 from worker.models import JobStatus
-from worker.workflow.handle import WorkflowHandle, WorkflowNotFound, list_workflows_async
 
 if TYPE_CHECKING:
     from worker.api.base import ApiBase

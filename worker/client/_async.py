@@ -20,7 +20,7 @@ import psycopg
 from psycopg.rows import tuple_row
 
 from worker import tracing
-from worker.client.batches import BatchJobs, Callback, with_callbacks
+from worker.client.batches import BATCH_WORKFLOW, BatchJobs, Callback, with_callbacks
 from worker.client.errors import InvalidTransition, JobNotFound
 from worker.client.job import (
     AsyncGet,
@@ -53,6 +53,7 @@ from worker.client.validation import (
     validated,
 )
 from worker.client.waiting import AsyncWake, done_waiters, pause, ready_for, time_left
+from worker.client.workflows import WorkflowHandle
 from worker.db import sql
 from worker.db.connect import async_engine
 from worker.db.direct_async import AsyncDirectWrites
@@ -216,7 +217,7 @@ class AsyncClient:
         then only if a job failed for good or was cancelled. Each reads the outcomes counted
         as `ctx.parent_counts`. The batch is then a workflow, written in the same one
         statement, of at most `MAX_BATCH_JOBS` jobs with no `unique_key`; the handles come as
-        a `BatchJobs` list, with `on_complete`, `on_failure` and `workflow_id`.
+        a `BatchJobs` list, with `on_complete`, `on_failure` and `workflow`.
 
         >>> await client.enqueue_many([("resize", {"id": i}) for i in range(50)])  # doctest: +SKIP
         >>> await client.enqueue_many(specs, on_complete="report")   # doctest: +SKIP
@@ -226,7 +227,10 @@ class AsyncClient:
             statement = sql.ENQUEUE_WORKFLOW  # idempotent by the workflow's id: safe to run again
             await self._insert(statement, statement, prepared.params, connection, True)
             made = zip(prepared.batch.ids, prepared.batch.specs, strict=True)
-            return prepared.handles([new_job(i, spec, self) for i, spec in made])
+            every = [new_job(i, spec, self) for i, spec in made]
+            named = prepared.named(every)
+            workflow = WorkflowHandle(prepared.params["id"], BATCH_WORKFLOW, None, named, self)
+            return prepared.handles(every, workflow)
         batch = prepared_many(jobs, self.max_payload_bytes)
         if not batch.specs:
             return []

@@ -20,6 +20,7 @@ from worker import tracing
 from worker.client.errors import InvalidJob
 from worker.client.job import Job
 from worker.client.validation import Batch, JobSpec, prepared_many, validated
+from worker.client.workflows import WorkflowHandle
 from worker.ids import new_job_id, new_job_ids
 from worker.models import JSON, ParentFailure
 
@@ -46,21 +47,22 @@ Callback = JobSpec | str | _TaskLike
 
 class BatchJobs(list[Job]):
     """What `enqueue_many` returns given a callback: the batch's jobs in order, as a list, with
-    the callback jobs and the id of the workflow the batch is (`Workflow.get(workflow_id)`).
+    the callback jobs and the workflow the batch is (its counts, a wait, a cancel).
 
     >>> jobs = enqueue_many(specs, on_complete=report)   # doctest: +SKIP
     >>> jobs.on_complete.wait_sync(timeout=60)           # doctest: +SKIP
+    >>> jobs.workflow.status()                           # doctest: +SKIP
     """
 
     def __init__(
         self,
         jobs: Iterable[Job],
-        workflow_id: str,
+        workflow: WorkflowHandle,
         on_complete: Job | None,
         on_failure: Job | None,
     ) -> None:
         super().__init__(jobs)
-        self.workflow_id = workflow_id
+        self.workflow = workflow
         self.on_complete = on_complete
         self.on_failure = on_failure
 
@@ -87,14 +89,16 @@ class CallbackBatch:
     callbacks: dict[str, int]  # each callback's index in `batch`, by its name
     params: dict[str, Any]
 
-    def handles(self, jobs: list[Job]) -> BatchJobs:
+    def named(self, jobs: list[Job]) -> dict[str, Job]:
+        """Each job's handle (`jobs`, in the order of `batch`) by its node's name."""
+        names = [str(k) for k in range(self.size)] + list(self.callbacks)
+        return dict(zip(names, jobs, strict=True))
+
+    def handles(self, jobs: list[Job], workflow: WorkflowHandle) -> BatchJobs:
         """The batch's handles, given each job's (`jobs`, in the order of `batch`)."""
         found = {name: jobs[i] for name, i in self.callbacks.items()}
         return BatchJobs(
-            jobs[: self.size],
-            self.params["id"],
-            found.get("on_complete"),
-            found.get("on_failure"),
+            jobs[: self.size], workflow, found.get("on_complete"), found.get("on_failure")
         )
 
 

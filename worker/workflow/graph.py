@@ -24,6 +24,7 @@ from worker.client import AsyncClient, Client, InvalidJob, Job, JobSpec, default
 from worker.client.job import new_job
 from worker.client.targets import AsyncTarget, SyncTarget
 from worker.client.validation import Batch, validated
+from worker.client.workflows import WorkflowHandle
 from worker.db import sql
 from worker.encoding import dumps
 from worker.ids import new_job_id, new_job_ids
@@ -31,7 +32,6 @@ from worker.models import JSON, ParentFailure
 
 if TYPE_CHECKING:
     from worker.tasks import Task
-    from worker.workflow.handle import WorkflowHandle
 
 MAX_NAME = 255
 
@@ -227,8 +227,6 @@ class Workflow:
     def _handle(
         self, client: Client | AsyncClient, params: dict[str, Any], ids: list[str], row: Any
     ) -> WorkflowHandle:
-        from worker.workflow.handle import WorkflowHandle
-
         workflow_id, created = row
         if not created:
             return WorkflowHandle(str(workflow_id), self.name, self.key, {}, client, duplicate=True)
@@ -263,6 +261,4 @@ class Workflow:
     @staticmethod
     def get(workflow_id: str | UUID, *, client: Client | None = None) -> WorkflowHandle:
         """A handle on a workflow enqueued anywhere; `LookupError` if there is none."""
-        from worker.workflow.handle import WorkflowHandle
-
         return WorkflowHandle.read(str(workflow_id), client or default_client())

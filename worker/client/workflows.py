@@ -1,5 +1,7 @@
 """`WorkflowHandle`: a workflow enqueued, valid in any process: its jobs, their counts by
-status, a wait for all of them to end, and a cancel of the whole graph."""
+status, a wait for all of them to end, and a cancel of the whole graph. Beside the `Job`
+handle, as both read, wait and cancel through the client that made them; a graph is
+declared and written by `worker.workflow`, a batch with callbacks by `enqueue_many`."""
 
 from __future__ import annotations
 
@@ -7,13 +9,18 @@ import asyncio
 import contextlib
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from worker.client import AsyncClient, Client, Job, JobError, JobNotFound, JobSpec
-from worker.client.job import new_job
+from worker.client.errors import JobNotFound
+from worker.client.job import Job, JobError, new_job
+from worker.client.validation import JobSpec
 from worker.client.waiting import deadline_of, time_left
 from worker.db import sql
 from worker.models import JobStatus
+
+if TYPE_CHECKING:
+    from worker.client._async import AsyncClient
+    from worker.client._sync import Client
 
 
 class WorkflowNotFound(LookupError):
@@ -46,7 +53,16 @@ class WorkflowHandle:
     parents: dict[str, list[str]] = field(default_factory=dict)
 
     def _sync(self) -> Client:
+        # Imported here: the clients make handles, so they import this module first.
+        from worker.client._sync import Client
+
         return self.client if isinstance(self.client, Client) else Client(self.client.url)
+
+    def _async(self) -> AsyncClient | None:
+        """The client that made the handle, if it is an `AsyncClient`."""
+        from worker.client._async import AsyncClient
+
+        return self.client if isinstance(self.client, AsyncClient) else None
 
     @classmethod
     def read(cls, workflow_id: str, client: Client) -> WorkflowHandle:
@@ -103,8 +119,9 @@ class WorkflowHandle:
         return _counts(found[0])
 
     async def status_async(self) -> dict[JobStatus, int]:
-        if isinstance(self.client, AsyncClient):
-            found = await self.client._run(sql.GET_WORKFLOW, {"id": self.id})
+        client = self._async()
+        if client is not None:
+            found = await client._run(sql.GET_WORKFLOW, {"id": self.id})
             if not found:
                 raise WorkflowNotFound(f"no workflow {self.id}")
             return _counts(found[0])
@@ -145,8 +162,9 @@ class WorkflowHandle:
         return int(row.changed)
 
     async def cancel_async(self) -> int:
-        if isinstance(self.client, AsyncClient):
-            (row,) = await self.client._run(sql.CANCEL_WORKFLOW, {"id": self.id})
+        client = self._async()
+        if client is not None:
+            (row,) = await client._run(sql.CANCEL_WORKFLOW, {"id": self.id})
             return int(row.changed)
         return await asyncio.to_thread(self.cancel)
 
