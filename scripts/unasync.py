@@ -31,6 +31,13 @@ FILES = [
         "`worker.db.direct`) for what it does, and edit it (then run\n"
         "`python scripts/unasync.py`), not this file.\n",
     ),
+    (
+        "worker/db/client_async.py",
+        "worker/db/client_sync.py",
+        "`Database`: how the blocking client reaches PostgreSQL.\n\n"
+        "Generated from `worker.db.client_async`, the one implementation: see it for what it\n"
+        "does, and edit it (then run `python scripts/unasync.py`), not this file.\n",
+    ),
 ]
 
 # Applied in order, each to the whole text; names are matched as whole words.
@@ -43,13 +50,13 @@ SUBS = [
     (r"\bAsyncTarget\b", "SyncTarget"),
     (r"\bASYNC_TAKES\b", "SYNC_TAKES"),
     (
-        r"\bAsync(Client|Connection|Cursor|DirectWrites|Engine|First|Get|Session|Wake)\b",
+        r"\bAsync(Client|Connection|Cursor|Database|DirectWrites|Engine|First|Get|Session|Wake)\b",
         r"\1",
     ),
     (r"\basync_engine\b", "sync_engine"),
     (r"\baconnect\b", "connect"),
     (r"\bloop_owner\b", "no_owner"),
-    (r"\b(direct)_async\b", r"\1_sync"),
+    (r"\b(client|direct)_async\b", r"\1_sync"),
     (r"\bworker\.client\._async\b", "worker.client._sync"),
     (r"\bThe asyncio client\b", "The blocking client"),
     (r"\bfor asyncio, the event loop that opened it\b", "for a blocking one, any thread"),

@@ -10,8 +10,9 @@ Two clients with the same verbs: `Client` (blocking, for scripts and web handler
     print(job.wait_sync(timeout=30))
 
 The parts: `validation` (what a job must be), `job` (the handle), `waiting` (who is woken
-when a job finishes), `targets` (what `connection=` takes), `_async` (the asyncio client and
-wait loop, written once) and `_sync` (their blocking twin, generated from `_async`), `errors`.
+when a job finishes), `_async` (the asyncio client and wait loop, written once) and `_sync`
+(their blocking twin, generated from `_async`), `errors`; the clients reach the database through
+`worker.db.client_async` (and its twin), which also runs a caller's transaction (`connection=`).
 This module holds the public names and the default client; it does not run jobs (that is
 `worker.daemon`).
 """

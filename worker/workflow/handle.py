@@ -51,13 +51,13 @@ class WorkflowHandle:
     @classmethod
     def read(cls, workflow_id: str, client: Client) -> WorkflowHandle:
         """The workflow as it stands, with a handle on each of its jobs."""
-        found = client._run(sql.GET_WORKFLOW, {"id": workflow_id})
+        found = client._db.run(sql.GET_WORKFLOW, {"id": workflow_id})
         if not found:
             raise WorkflowNotFound(f"no workflow {workflow_id}")
         row = found[0]
         jobs: dict[str, Job] = {}
         parent_ids: dict[str, list[str]] = {}
-        for j in client._run(sql.WORKFLOW_JOBS, {"id": workflow_id}):
+        for j in client._db.run(sql.WORKFLOW_JOBS, {"id": workflow_id}):
             spec = JobSpec(
                 j.task,
                 j.payload,
@@ -84,14 +84,14 @@ class WorkflowHandle:
 
     def status(self) -> dict[JobStatus, int]:
         """How many of its jobs are in each status now."""
-        found = self._sync()._run(sql.GET_WORKFLOW, {"id": self.id})
+        found = self._sync()._db.run(sql.GET_WORKFLOW, {"id": self.id})
         if not found:
             raise WorkflowNotFound(f"no workflow {self.id}")
         return _counts(found[0])
 
     async def status_async(self) -> dict[JobStatus, int]:
         if isinstance(self.client, AsyncClient):
-            found = await self.client._run(sql.GET_WORKFLOW, {"id": self.id})
+            found = await self.client._db.run(sql.GET_WORKFLOW, {"id": self.id})
             if not found:
                 raise WorkflowNotFound(f"no workflow {self.id}")
             return _counts(found[0])
@@ -128,12 +128,12 @@ class WorkflowHandle:
         running job stops at its next stage boundary, after its cleanup), except its
         finalizers (`on_parent_failure="run"`), which run once their parents have ended.
         Returns how many jobs were cancelled or asked to stop."""
-        (row,) = self._sync()._run(sql.CANCEL_WORKFLOW, {"id": self.id})
+        (row,) = self._sync()._db.run(sql.CANCEL_WORKFLOW, {"id": self.id})
         return int(row.changed)
 
     async def cancel_async(self) -> int:
         if isinstance(self.client, AsyncClient):
-            (row,) = await self.client._run(sql.CANCEL_WORKFLOW, {"id": self.id})
+            (row,) = await self.client._db.run(sql.CANCEL_WORKFLOW, {"id": self.id})
             return int(row.changed)
         return await asyncio.to_thread(self.cancel)
 
@@ -152,7 +152,7 @@ def waiting_for(client: Client, job_id: str) -> list[WaitedParent]:
     """The parents the job still waits for, by id; none for a job that is not held."""
     return [
         WaitedParent(str(r.parent_id), r.node, r.task, JobStatus(r.status) if r.status else None)
-        for r in client._run(sql.WAITING_FOR, {"id": job_id})
+        for r in client._db.run(sql.WAITING_FOR, {"id": job_id})
     ]
 
 
@@ -172,5 +172,5 @@ def list_workflows(client: Client, limit: int) -> list[WorkflowSummary]:
     """The newest `limit` workflows, newest first."""
     return [
         WorkflowSummary(str(r.id), r.name, r.key, r.created_at, int(r.jobs), _counts(r))
-        for r in client._run(sql.LIST_WORKFLOWS, {"limit": limit})
+        for r in client._db.run(sql.LIST_WORKFLOWS, {"limit": limit})
     ]
