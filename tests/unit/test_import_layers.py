@@ -38,13 +38,8 @@ LAYERS = [
     {"cron", "ids", "schema", "models", "logs", "urls", "progress_bar"},
 ]
 
-# The imports allowed to close a circle, each with its reason. The `Job` handle reads, waits and
-# cancels through the client that made it (or the default one), and the clients make handles.
-CIRCLE_ALLOWED = {
-    ("worker.client.job", "worker.client"),
-    ("worker.client.job", "worker.client._async"),
-    ("worker.client.job", "worker.client._sync"),
-}
+# The imports allowed to close a circle, each with its reason: none.
+CIRCLE_ALLOWED: set[tuple[str, str]] = set()
 
 Edge = tuple[str, str]
 

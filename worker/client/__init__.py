@@ -24,6 +24,7 @@ from datetime import timedelta
 from typing import Any
 from uuid import UUID
 
+from worker.client import job
 from worker.client._async import AsyncClient
 from worker.client._sync import Client
 from worker.client.errors import InvalidJob, InvalidTransition, JobNotFound
@@ -87,6 +88,11 @@ def default_client() -> Client:
     if _default is None:
         _default = Client()
     return _default
+
+
+# A handle imports no client: it is given the blocking ones it makes on demand.
+job.CLIENTS.default = default_client
+job.CLIENTS.for_url = Client
 
 
 def enqueue(task: str, payload: dict[str, JSON] | None = None, **options: Any) -> Job:

@@ -1,11 +1,10 @@
-"""The asyncio client, and the wait loop of a job handle: the one implementation of both.
+"""The asyncio client: the one implementation of both clients.
 
 `AsyncClient` enqueues (one job or a batch, on its own kept connections or in the caller's
-transaction) and acts on jobs (get, cancel, resume, retry, prune); `wait_done` is the loop
-behind `Job.wait`. The blocking `Client` and the loop behind `Job.wait_sync` are generated
-from this file into `worker.client._sync` by `scripts/unasync.py`: edit here, then run it.
-What may differ between the two lives in the helpers each side names (`AsyncWake` and `Wake`,
-`AsyncDirectWrites` and `DirectWrites`), never in this logic.
+transaction) and acts on jobs (get, cancel, resume, retry, prune). The blocking `Client` is
+generated from this file into `worker.client._sync` by `scripts/unasync.py`: edit here, then
+run it. What may differ between the two lives in the parts each side names (`AsyncDatabase`
+and `Database`), never in this logic.
 """
 
 from __future__ import annotations
@@ -18,7 +17,6 @@ from uuid import UUID
 from worker import tracing
 from worker.client.errors import InvalidTransition, JobNotFound
 from worker.client.job import (
-    AsyncGet,
     Job,
     cancel_result,
     job_from_row,
@@ -38,7 +36,6 @@ from worker.client.validation import (
     unsettled_key,
     validated,
 )
-from worker.client.waiting import AsyncWake, done_waiters, pause, ready_for, time_left
 from worker.db import sql
 from worker.db.client_async import AsyncDatabase
 from worker.db.embedded import database_url
@@ -114,10 +111,8 @@ class AsyncClient:
         params["id"] = new_job_id()
         params["trace_context"] = tracing.carrier()
         if unique_key is None:
-            inserted = await self._db.insert(
-                sql.ENQUEUE, sql.ENQUEUE_AGAIN, params, connection, True
-            )
-            ((id_, due),) = inserted
+            statement, again = sql.ENQUEUE, sql.ENQUEUE_AGAIN
+            ((id_, due),) = await self._db.insert(statement, again, params, connection, True)
             return new_job(id_, spec, self, due)
         for _ in range(UNIQUE_TRIES):
             statement = sql.ENQUEUE_UNIQUE  # safe to run again, as it is
@@ -168,9 +163,8 @@ class AsyncClient:
             )
         else:
             params = traced(batch.params(), trace)
-            await self._db.insert(
-                sql.ENQUEUE_MANY, sql.ENQUEUE_MANY_AGAIN, params, connection, False
-            )
+            statement, again = sql.ENQUEUE_MANY, sql.ENQUEUE_MANY_AGAIN
+            await self._db.insert(statement, again, params, connection, False)
         return handles()
 
     async def _insert_unique(
@@ -287,19 +281,3 @@ class AsyncClient:
         """
         await self._db.run(sql.LIMIT_QUEUE, limit_params(name, concurrency, rate, burst))
         return await self.queue(name)
-
-
-async def wait_done(job: Job, get: AsyncGet, url: str, deadline: float | None) -> JSON:
-    """Wait until `job` finishes or `deadline` (monotonic) passes, reading it with `get`;
-    returns its result, or raises as `Job.outcome` does."""
-    wake = AsyncWake()
-    with done_waiters(url).waiting(job.job_id, wake.set) as listening:
-        # LISTEN before the first read: a finish between the two is then never missed.
-        await wake.ready(listening, ready_for(deadline))
-        while True:
-            wake.clear()
-            job.update(await get(job.job_id))
-            left = time_left(deadline)
-            if job.status.is_terminal or (left is not None and left <= 0):
-                return job.outcome()
-            await wake.wait(pause(left))

@@ -1,5 +1,5 @@
 # Generated from worker/client/_async.py by scripts/unasync.py: do not edit.
-"""The blocking client, and the wait loop behind `Job.wait_sync`.
+"""The blocking client.
 
 Generated from `worker.client._async`, the one implementation of both: see it for
 what they do, and edit it (then run `python scripts/unasync.py`), not this file.
@@ -15,7 +15,6 @@ from uuid import UUID
 from worker import tracing
 from worker.client.errors import InvalidTransition, JobNotFound
 from worker.client.job import (
-    Get,
     Job,
     cancel_result,
     job_from_row,
@@ -35,7 +34,6 @@ from worker.client.validation import (
     unsettled_key,
     validated,
 )
-from worker.client.waiting import Wake, done_waiters, pause, ready_for, time_left
 from worker.db import sql
 from worker.db.client_sync import Database
 from worker.db.embedded import database_url
@@ -111,10 +109,8 @@ class Client:
         params["id"] = new_job_id()
         params["trace_context"] = tracing.carrier()
         if unique_key is None:
-            inserted = self._db.insert(
-                sql.ENQUEUE, sql.ENQUEUE_AGAIN, params, connection, True
-            )
-            ((id_, due),) = inserted
+            statement, again = sql.ENQUEUE, sql.ENQUEUE_AGAIN
+            ((id_, due),) = self._db.insert(statement, again, params, connection, True)
             return new_job(id_, spec, self, due)
         for _ in range(UNIQUE_TRIES):
             statement = sql.ENQUEUE_UNIQUE  # safe to run again, as it is
@@ -165,9 +161,8 @@ class Client:
             )
         else:
             params = traced(batch.params(), trace)
-            self._db.insert(
-                sql.ENQUEUE_MANY, sql.ENQUEUE_MANY_AGAIN, params, connection, False
-            )
+            statement, again = sql.ENQUEUE_MANY, sql.ENQUEUE_MANY_AGAIN
+            self._db.insert(statement, again, params, connection, False)
         return handles()
 
     def _insert_unique(
@@ -284,19 +279,3 @@ class Client:
         """
         self._db.run(sql.LIMIT_QUEUE, limit_params(name, concurrency, rate, burst))
         return self.queue(name)
-
-
-def wait_done(job: Job, get: Get, url: str, deadline: float | None) -> JSON:
-    """Wait until `job` finishes or `deadline` (monotonic) passes, reading it with `get`;
-    returns its result, or raises as `Job.outcome` does."""
-    wake = Wake()
-    with done_waiters(url).waiting(job.job_id, wake.set) as listening:
-        # LISTEN before the first read: a finish between the two is then never missed.
-        wake.ready(listening, ready_for(deadline))
-        while True:
-            wake.clear()
-            job.update(get(job.job_id))
-            left = time_left(deadline)
-            if job.status.is_terminal or (left is not None and left <= 0):
-                return job.outcome()
-            wake.wait(pause(left))
