@@ -38,13 +38,9 @@ LAYERS = [
     {"cron", "ids", "schema", "models", "logs", "urls", "progress_bar"},
 ]
 
-# The imports allowed to close a circle, each with its reason. The `Job` and `WorkflowHandle`
-# handles read, wait and cancel through the client that made them (or the default one), and
-# the clients make handles.
+# The imports allowed to close a circle, each with its reason. The `WorkflowHandle` reads, waits
+# and cancels through the client that made it, and the clients make handles.
 CIRCLE_ALLOWED = {
-    ("worker.client.job", "worker.client"),
-    ("worker.client.job", "worker.client._async"),
-    ("worker.client.job", "worker.client._sync"),
     ("worker.client.workflows", "worker.client._async"),
     ("worker.client.workflows", "worker.client._sync"),
 }

@@ -10,8 +10,9 @@ Two clients with the same verbs: `Client` (blocking, for scripts and web handler
     print(job.wait_sync(timeout=30))
 
 The parts: `validation` (what a job must be), `job` (the handle), `waiting` (who is woken
-when a job finishes), `targets` (what `connection=` takes), `_async` (the asyncio client and
-wait loop, written once) and `_sync` (their blocking twin, generated from `_async`), `errors`.
+when a job finishes), `_async` (the asyncio client and wait loop, written once) and `_sync`
+(their blocking twin, generated from `_async`), `errors`; the clients reach the database through
+`worker.db.client_async` (and its twin), which also runs a caller's transaction (`connection=`).
 This module holds the public names and the default client; it does not run jobs (that is
 `worker.daemon`).
 """
@@ -23,13 +24,13 @@ from datetime import timedelta
 from typing import Any, overload
 from uuid import UUID
 
+from worker.client import job
 from worker.client._async import AsyncClient
 from worker.client._sync import Client
 from worker.client.batches import MAX_BATCH_JOBS, BatchJobs, Callback
 from worker.client.errors import InvalidJob, InvalidTransition, JobNotFound
 from worker.client.job import Job, JobCancelledError, JobError, JobFailed
 from worker.client.queues import QueueState
-from worker.client.targets import SyncTarget
 from worker.client.validation import (
     MAX_DELAY,
     MAX_RETRIES_LIMIT,
@@ -44,6 +45,7 @@ from worker.client.waiting import (
     LISTENER_NAME,
     WAIT_RECHECK_SECONDS,
 )
+from worker.db.targets import SyncTarget
 from worker.ids import new_job_id, new_job_ids
 from worker.models import JSON, TERMINAL_STATUSES, JobStatus
 
@@ -90,6 +92,11 @@ def default_client() -> Client:
     if _default is None:
         _default = Client()
     return _default
+
+
+# A handle imports no client: it is given the blocking ones it makes on demand.
+job.CLIENTS.default = default_client
+job.CLIENTS.for_url = Client
 
 
 def enqueue(task: str, payload: dict[str, JSON] | None = None, **options: Any) -> Job:

@@ -67,18 +67,18 @@ class WorkflowHandle:
     @classmethod
     def read(cls, workflow_id: str, client: Client) -> WorkflowHandle:
         """The workflow as it stands, with a handle on each of its jobs."""
-        found = client._run(sql.GET_WORKFLOW, {"id": workflow_id})
+        found = client._db.run(sql.GET_WORKFLOW, {"id": workflow_id})
         if not found:
             raise WorkflowNotFound(f"no workflow {workflow_id}")
-        return cls._of(found[0], client._run(sql.WORKFLOW_JOBS, {"id": workflow_id}), client)
+        return cls._of(found[0], client._db.run(sql.WORKFLOW_JOBS, {"id": workflow_id}), client)
 
     @classmethod
     async def read_async(cls, workflow_id: str, client: AsyncClient) -> WorkflowHandle:
         """`read` on an `AsyncClient`."""
-        found = await client._run(sql.GET_WORKFLOW, {"id": workflow_id})
+        found = await client._db.run(sql.GET_WORKFLOW, {"id": workflow_id})
         if not found:
             raise WorkflowNotFound(f"no workflow {workflow_id}")
-        job_rows = await client._run(sql.WORKFLOW_JOBS, {"id": workflow_id})
+        job_rows = await client._db.run(sql.WORKFLOW_JOBS, {"id": workflow_id})
         return cls._of(found[0], job_rows, client)
 
     @classmethod
@@ -113,7 +113,7 @@ class WorkflowHandle:
 
     def status(self) -> dict[JobStatus, int]:
         """How many of its jobs are in each status now."""
-        found = self._sync()._run(sql.GET_WORKFLOW, {"id": self.id})
+        found = self._sync()._db.run(sql.GET_WORKFLOW, {"id": self.id})
         if not found:
             raise WorkflowNotFound(f"no workflow {self.id}")
         return _counts(found[0])
@@ -121,7 +121,7 @@ class WorkflowHandle:
     async def status_async(self) -> dict[JobStatus, int]:
         client = self._async()
         if client is not None:
-            found = await client._run(sql.GET_WORKFLOW, {"id": self.id})
+            found = await client._db.run(sql.GET_WORKFLOW, {"id": self.id})
             if not found:
                 raise WorkflowNotFound(f"no workflow {self.id}")
             return _counts(found[0])
@@ -158,13 +158,13 @@ class WorkflowHandle:
         running job stops at its next stage boundary, after its cleanup), except its
         finalizers (`on_parent_failure="run"` or `"run_if_failed"`), which their parents'
         outcomes settle. Returns how many jobs were cancelled or asked to stop."""
-        (row,) = self._sync()._run(sql.CANCEL_WORKFLOW, {"id": self.id})
+        (row,) = self._sync()._db.run(sql.CANCEL_WORKFLOW, {"id": self.id})
         return int(row.changed)
 
     async def cancel_async(self) -> int:
         client = self._async()
         if client is not None:
-            (row,) = await client._run(sql.CANCEL_WORKFLOW, {"id": self.id})
+            (row,) = await client._db.run(sql.CANCEL_WORKFLOW, {"id": self.id})
             return int(row.changed)
         return await asyncio.to_thread(self.cancel)
 
@@ -183,7 +183,7 @@ def waiting_for(client: Client, job_id: str) -> list[WaitedParent]:
     """The parents the job still waits for, by id; none for a job that is not held."""
     return [
         WaitedParent(str(r.parent_id), r.node, r.task, JobStatus(r.status) if r.status else None)
-        for r in client._run(sql.WAITING_FOR, {"id": job_id})
+        for r in client._db.run(sql.WAITING_FOR, {"id": job_id})
     ]
 
 
@@ -205,9 +205,9 @@ def _summary(r: Any) -> WorkflowSummary:
 
 def list_workflows(client: Client, limit: int) -> list[WorkflowSummary]:
     """The newest `limit` workflows, newest first."""
-    return [_summary(r) for r in client._run(sql.LIST_WORKFLOWS, {"limit": limit})]
+    return [_summary(r) for r in client._db.run(sql.LIST_WORKFLOWS, {"limit": limit})]
 
 
 async def list_workflows_async(client: AsyncClient, limit: int) -> list[WorkflowSummary]:
     """`list_workflows` on an `AsyncClient`."""
-    return [_summary(r) for r in await client._run(sql.LIST_WORKFLOWS, {"limit": limit})]
+    return [_summary(r) for r in await client._db.run(sql.LIST_WORKFLOWS, {"limit": limit})]

@@ -22,10 +22,10 @@ from uuid import UUID
 from worker import tracing
 from worker.client import AsyncClient, Client, InvalidJob, Job, JobSpec, default_client
 from worker.client.job import new_job
-from worker.client.targets import AsyncTarget, SyncTarget
 from worker.client.validation import Batch, validated
 from worker.client.workflows import WorkflowHandle
 from worker.db import sql
+from worker.db.targets import AsyncTarget, SyncTarget
 from worker.encoding import dumps
 from worker.ids import new_job_id, new_job_ids
 from worker.models import JSON, ParentFailure
@@ -244,7 +244,7 @@ class Workflow:
         client = client or default_client()
         params, ids = self.build(client.max_payload_bytes)
         statement = sql.ENQUEUE_WORKFLOW  # idempotent by the workflow's id: safe to run again
-        (row,) = client._insert(statement, statement, params, connection, True)
+        (row,) = client._db.insert(statement, statement, params, connection, True)
         handle = self._handle(client, params, ids, row)
         return handle.refreshed() if handle.duplicate else handle
 
@@ -254,7 +254,7 @@ class Workflow:
         """`enqueue` on an `AsyncClient` (and an async connection of the caller's)."""
         params, ids = self.build(client.max_payload_bytes)
         statement = sql.ENQUEUE_WORKFLOW
-        (row,) = await client._insert(statement, statement, params, connection, True)
+        (row,) = await client._db.insert(statement, statement, params, connection, True)
         handle = self._handle(client, params, ids, row)
         return await handle.refreshed_async() if handle.duplicate else handle
 
