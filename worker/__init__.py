@@ -37,7 +37,7 @@ from worker.middleware import Middleware, add_middleware, remove_middleware
 from worker.models import JobEnding, JobStatus, Outcome, OutcomeKind, ProgressEvent
 from worker.retries import Backoff, Retry
 from worker.stages import ALL_DONE, ALL_SUCCESS, Pipeline, TriggerRule
-from worker.tasks import Context, JobCancelled, PauseForResolution, Task, task
+from worker.tasks import Context, JobCancelled, PauseForResolution, Task, WaitForChildren, task
 from worker.workflow import InvalidWorkflow, Workflow, WorkflowHandle
 
 __all__ = [
@@ -69,6 +69,7 @@ __all__ = [
     "Retry",
     "Task",
     "TriggerRule",
+    "WaitForChildren",
     "Workflow",
     "WorkflowHandle",
     "add_middleware",

@@ -111,6 +111,7 @@ class OutcomeKind(StrEnum):
     CANCELLED = "cancelled"
     PAUSED = "paused"
     SNOOZED = "snoozed"  # pending again after a delay, not counted as a retry
+    WAITING = "waiting"  # held until the children it spawned have ended (migration 0017)
 
 
 class JobEnding(StrEnum):
@@ -185,10 +186,12 @@ class StageEnd:
 
 @dataclass(frozen=True)
 class ParentResult:
-    """A parent of a workflow's job, as the job's claim read it: `ctx.parents`."""
+    """A parent of a workflow's job, as the job's claim read it: `ctx.parents`; or a child
+    the job spawned, which it waits on as on a parent: `ctx.children`."""
 
     node: str | None  # its name in the workflow (None: outside it, or its row deleted)
     job_id: str
     task: str | None  # None once the parent's row was deleted
     status: str  # completed, failed or cancelled; `deleted` once its row is gone
     result: JSON = None  # its result, if it completed
+    key: str | None = None  # a spawned child's key (None: a parent)

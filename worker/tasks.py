@@ -1,5 +1,6 @@
 """`@task`: registering the functions a worker can run, the `Context` a run sees, and the
-exceptions a task raises to steer its job (`JobCancelled`, `Snooze`, `PauseForResolution`).
+exceptions a task raises to steer its job (`JobCancelled`, `Snooze`, `PauseForResolution`,
+`WaitForChildren`).
 
 A task is a plain function (sync or `async`) taking the job's payload, a JSON object (or a
 pydantic model it is validated into), and returning a JSON value, stored as the job's result.
@@ -16,10 +17,10 @@ import functools
 import inspect
 import threading
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, Unpack, overload
+from typing import TYPE_CHECKING, Any, Generic, NoReturn, Protocol, TypeVar, Unpack, overload
 
 from pydantic import BaseModel, ValidationError
 
@@ -89,6 +90,15 @@ class PauseForResolution(Exception):
             raise TypeError(f"the pause question is {exc}") from None
         super().__init__(str(question))
         self.question = question
+
+
+class WaitForChildren(Exception):
+    """Raised by `Context.wait_for_children`: end this stage with `output`, and hold the job,
+    with no slot, until every child it spawned has ended; then its next stage runs."""
+
+    def __init__(self, output: JSON = None) -> None:
+        super().__init__("waiting for the children it spawned")
+        self.output = output
 
 
 @dataclass
@@ -166,21 +176,68 @@ class Context:
     def parents(self) -> list[ParentResult]:
         """The parents of this job of a workflow, each with how it ended and its result, in
         the order they were added to the graph (empty for a job with none)."""
+        return [p for p in self._waited_on() if p.key is None]
+
+    @property
+    def children(self) -> list[ParentResult]:
+        """The children this job spawned, as its claim read them, each with how it ended and
+        its result (`key`: its spawn key), in the order they were first spawned."""
+        return [p for p in self._waited_on() if p.key is not None]
+
+    def _waited_on(self) -> list[ParentResult]:
         return [
-            ParentResult(p.get("node"), str(p["id"]), p.get("task"), p["status"], p.get("result"))
+            ParentResult(
+                p.get("node"),
+                str(p["id"]),
+                p.get("task"),
+                p["status"],
+                p.get("result"),
+                p.get("key"),
+            )
             for p in self.job.parents or ()
         ]
 
     def result_of(self, node: Any) -> JSON:
-        """The result of the parent named `node` (or the `Node` that `Workflow.add` returned);
-        `LookupError` if no parent has that name, or if that parent did not complete."""
+        """The result of the parent named `node` (or the `Node` that `Workflow.add` returned),
+        or of the child spawned with that key; `LookupError` if none has that name, or if it
+        did not complete."""
         name = getattr(node, "name", node)
-        for parent in self.parents:
-            if name in (parent.node, parent.job_id):
+        for parent in self._waited_on():
+            if name in (parent.node, parent.job_id, parent.key):
                 if parent.status != "completed":
                     raise LookupError(f"parent {name} ended {parent.status}: it has no result")
                 return parent.result
         raise LookupError(f"{name!r} is not a parent of job {self.job_id}")
+
+    def spawn(
+        self, task: Task[Any, Any] | str, payload: Any = None, *, key: str, **options: Any
+    ) -> Job:
+        """Enqueue a child of this job, once per `key`: spawned again with that key (a retried
+        attempt), it returns the child spawned first (`duplicate` true) and writes nothing.
+        `options` are `enqueue`'s, but `unique_key` and `connection`.
+
+        >>> child = ctx.spawn(resize, {"path": "a.png"}, key="a.png")  # doctest: +SKIP
+        """
+        from worker.workflow.spawn import spawn_many
+
+        return spawn_many(self, task, {key: payload}, options)[0]
+
+    def spawn_many(
+        self, task: Task[Any, Any] | str, payloads: Mapping[str, Any], **options: Any
+    ) -> list[Job]:
+        """`spawn` a child of `task` per key of `payloads`, all in one statement; their handles,
+        in the order of `payloads`.
+
+        >>> ctx.spawn_many(resize, {p: {"path": p} for p in paths})  # doctest: +SKIP
+        """
+        from worker.workflow.spawn import spawn_many
+
+        return spawn_many(self, task, payloads, options)
+
+    def wait_for_children(self, output: JSON = None) -> NoReturn:
+        """In a pipeline's stage: end the stage with `output` and give the slot back; the next
+        stage runs once every child spawned has ended, and reads them in `ctx.children`."""
+        raise WaitForChildren(output)
 
     def snooze(self, seconds: float) -> None:
         """Give the slot back and run this stage again in `seconds` (not counted as a retry)."""
