@@ -16,10 +16,11 @@ the child it spawned before and writes nothing.
 A stage that waits for its children ends its attempt with the outcome `waiting`: the outcome
 write moves the job from `processing` to `held`, and the trigger `jobs_waiting` settles it in
 the same transaction. It first locks the children (`FOR SHARE`), so a child's outcome either
-committed before (its edge reads ended) or waits for this commit, then finds the job `held` and
-releases it through `worker.parents_ended()`. The job then waits on the children not ended yet;
-with none left it is `pending` at once, and with a child that did not complete under the
-policy `cancel` it is cancelled, its error naming that child.
+committed before or waits for this commit, then finds the job `held` and goes through
+`worker.parents_ended()`. The outcomes of the children that ended while the job ran go through
+that same function, replayed: the job is released once none is left, and under the policy
+`cancel` it is cancelled by a child that did not complete, its error naming that child, exactly
+as a held child of a workflow is by its parents.
 """
 
 import importlib.util
@@ -97,15 +98,19 @@ END $$
 SPAWN_SIGNATURE = "worker.spawn(uuid, json, json, jsonb)"
 
 # Once per UPDATE statement: the jobs it moved from `processing` to `held` (an attempt that
-# waits for its children) wait on those of their children not ended yet. The children are
-# locked in a statement of their own, so the count that follows reads every outcome committed
-# before the lock was granted; an outcome not committed yet waits for this transaction and
-# then finds the job held.
+# waits for its children) wait on all their children, and the outcomes of those that ended
+# while the job ran are replayed through `worker.parents_ended()`, so the rule that releases
+# or cancels a held job stays in that one function. The children are locked first, in a
+# statement of their own: what follows reads every outcome committed before the lock was
+# granted, and an outcome not committed yet waits for this transaction, then finds the job
+# held. A job that spawned nothing is due at once.
 JOBS_WAITING_FUNCTION = """
 CREATE FUNCTION worker.jobs_waiting() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     waiting uuid[];
+    ended_ids uuid[];
+    ended_outcomes text[];
     changed integer;
 BEGIN
     SELECT array_agg(n.id ORDER BY n.id) INTO waiting
@@ -119,15 +124,18 @@ BEGIN
                            WHERE d.child_id = ANY(waiting) AND d.spawn_order IS NOT NULL))
     ORDER BY c.id
     FOR SHARE;
+    WITH cleared AS (
+        UPDATE worker.job_dependencies AS d SET ended_as = NULL
+        FROM worker.job_dependencies AS before
+        WHERE before.child_id = d.child_id AND before.parent_id = d.parent_id
+          AND d.child_id = ANY(waiting) AND d.spawn_order IS NOT NULL
+          AND d.ended_as IS NOT NULL
+        RETURNING d.parent_id, before.ended_as
+    )
+    SELECT array_agg(c.parent_id ORDER BY c.parent_id), array_agg(c.ended_as ORDER BY c.parent_id)
+    INTO ended_ids, ended_outcomes FROM cleared AS c;
     WITH counted AS (
-        SELECT w.id,
-               count(d.parent_id) FILTER (WHERE d.ended_as IS NULL)::integer AS n,
-               (array_agg(d.parent_id ORDER BY d.spawn_order)
-                    FILTER (WHERE d.ended_as <> 'completed'))[1] AS bad_child,
-               (array_agg(d.spawn_key ORDER BY d.spawn_order)
-                    FILTER (WHERE d.ended_as <> 'completed'))[1] AS bad_key,
-               (array_agg(d.ended_as ORDER BY d.spawn_order)
-                    FILTER (WHERE d.ended_as <> 'completed'))[1] AS bad_outcome
+        SELECT w.id, count(d.parent_id)::integer AS n
         FROM unnest(waiting) AS w(id)
         LEFT JOIN worker.job_dependencies AS d
             ON d.child_id = w.id AND d.spawn_order IS NOT NULL
@@ -135,27 +143,17 @@ BEGIN
     ), settled AS (
         UPDATE worker.jobs AS j SET
             waiting_on = c.n,
-            status = CASE
-                WHEN c.bad_child IS NOT NULL AND j.on_parent_failure = 'cancel' THEN 'cancelled'
-                WHEN c.n = 0 THEN 'pending'
-                ELSE 'held' END,
-            finished_at = CASE
-                WHEN c.bad_child IS NOT NULL AND j.on_parent_failure = 'cancel' THEN now()
-                ELSE j.finished_at END,
-            error = CASE
-                WHEN c.bad_child IS NOT NULL AND j.on_parent_failure = 'cancel'
-                THEN format('cancelled: child %s (%s) was %s', c.bad_child, c.bad_key,
-                            c.bad_outcome)
-                ELSE j.error END
+            status = CASE WHEN c.n = 0 THEN 'pending' ELSE 'held' END
         FROM counted AS c
         WHERE j.id = c.id AND j.status = 'held'
-        RETURNING j.id, j.status, j.queue
+        RETURNING j.status, j.queue
     )
-    -- count(...) evaluates the wake-ups for every row: sent at commit, as the rows show.
-    SELECT count(CASE s.status WHEN 'pending' THEN pg_notify('worker_jobs', s.queue)
-                               WHEN 'cancelled' THEN pg_notify('worker_done', s.id::text)
-                 END IS NULL)
+    SELECT count(CASE WHEN s.status = 'pending' THEN pg_notify('worker_jobs', s.queue) END
+                 IS NULL)
     INTO changed FROM settled AS s;
+    IF ended_ids IS NOT NULL THEN
+        PERFORM worker.parents_ended(ended_ids, ended_outcomes);
+    END IF;
     RETURN NULL;
 END $$
 """
