@@ -195,3 +195,9 @@ class ParentResult:
     status: str  # completed, failed or cancelled; `deleted` once its row is gone
     result: JSON = None  # its result, if it completed
     key: str | None = None  # a spawned child's key (None: a parent)
+
+    @classmethod
+    def read(cls, row: dict[str, JSON]) -> ParentResult:
+        """One entry of `worker.parent_results`, as the claim read it."""
+        node, task, key = row.get("node"), row.get("task"), row.get("key")
+        return cls(node, str(row["id"]), task, row["status"], row.get("result"), key)

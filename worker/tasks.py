@@ -185,17 +185,7 @@ class Context:
         return [p for p in self._waited_on() if p.key is not None]
 
     def _waited_on(self) -> list[ParentResult]:
-        return [
-            ParentResult(
-                p.get("node"),
-                str(p["id"]),
-                p.get("task"),
-                p["status"],
-                p.get("result"),
-                p.get("key"),
-            )
-            for p in self.job.parents or ()
-        ]
+        return [ParentResult.read(p) for p in self.job.parents or ()]
 
     def result_of(self, node: Any) -> JSON:
         """The result of the parent named `node` (or the `Node` that `Workflow.add` returned),
@@ -207,7 +197,7 @@ class Context:
                 if parent.status != "completed":
                     raise LookupError(f"parent {name} ended {parent.status}: it has no result")
                 return parent.result
-        raise LookupError(f"{name!r} is not a parent of job {self.job_id}")
+        raise LookupError(f"{name!r} is neither a parent nor a child of job {self.job_id}")
 
     def spawn(
         self, task: Task[Any, Any] | str, payload: Any = None, *, key: str, **options: Any
@@ -218,9 +208,7 @@ class Context:
 
         >>> child = ctx.spawn(resize, {"path": "a.png"}, key="a.png")  # doctest: +SKIP
         """
-        from worker.workflow.spawn import spawn_many
-
-        return spawn_many(self, task, {key: payload}, options)[0]
+        return self.spawn_many(task, {key: payload}, **options)[0]
 
     def spawn_many(
         self, task: Task[Any, Any] | str, payloads: Mapping[str, Any], **options: Any
@@ -230,9 +218,12 @@ class Context:
 
         >>> ctx.spawn_many(resize, {p: {"path": p} for p in paths})  # doctest: +SKIP
         """
-        from worker.workflow.spawn import spawn_many
+        from worker.client.spawn import spawn_many
 
-        return spawn_many(self, task, payloads, options)
+        url = getattr(self.runtime, "url", None)  # the worker's database, if it runs on one
+        return spawn_many(
+            url if isinstance(url, str) else None, self.job_id, task, payloads, options
+        )
 
     def wait_for_children(self, output: JSON = None) -> NoReturn:
         """In a pipeline's stage: end the stage with `output` and give the slot back; the next

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 from uuid import UUID, uuid5
 
 from worker import tracing
@@ -31,8 +31,13 @@ from worker.client.validation import Batch, validated
 from worker.db import sql
 from worker.encoding import dumps
 
-if TYPE_CHECKING:
-    from worker.tasks import Context, Task
+
+class Spec(Protocol):
+    """A task's handle, as a spawn reads it (`worker.tasks.Task`): its payload checked and
+    its options completed by `spec`."""
+
+    def spec(self, payload: Any = None, **options: Any) -> JobSpec: ...
+
 
 MAX_KEY = 100  # a child's node name is its spawner's and its key: both fit the node's bound
 
@@ -49,10 +54,9 @@ def child_id(spawner: str, key: str) -> str:
     return str(uuid5(UUID(spawner), key))
 
 
-def _client(ctx: Context) -> Client:
+def _client(url: str | None) -> Client:
     """The client of the database the job runs from: its worker's, else the default one."""
-    url = getattr(ctx.runtime, "url", None)
-    if not isinstance(url, str):
+    if url is None:
         return default_client()
     with _clients_lock:
         if url not in _clients:
@@ -62,25 +66,31 @@ def _client(ctx: Context) -> Client:
 
 def _key_problem(key: object) -> str | None:
     if not isinstance(key, str) or not 1 <= len(key) <= MAX_KEY or "\x00" in key:
-        return f"a spawn key must be a string of 1 to {MAX_KEY} characters, with no NUL"
+        return (
+            f"spawn key {str(key)[:40]!r}: must be a string of 1 to {MAX_KEY} characters, "
+            "with no NUL"
+        )
     return None
 
 
 def spawn_many(
-    ctx: Context,
-    task: Task[Any, Any] | str,
+    url: str | None,
+    spawner: str,
+    task: Spec | str,
     payloads: Mapping[str, Any],
     options: dict[str, Any],
 ) -> list[Job]:
-    """Spawn a child of `task` per key of `payloads` (in its order), in one statement; each
-    child's handle, in that order. `InvalidJob` before anything is written for a bad key,
-    payload or option."""
+    """Spawn children of the job `spawner` on the database at `url` (None: the default
+    client's): one of `task` per key of `payloads`, in one statement; each child's handle, in
+    the order of `payloads`. `InvalidJob` before anything is written for a bad key, payload
+    or option."""
     if "unique_key" in options or "connection" in options:
         given = "unique_key" if "unique_key" in options else "connection"
         raise InvalidJob(f"{given} is not an option of a spawned job: its key makes it unique")
     if not isinstance(payloads, Mapping):
-        raise InvalidJob(f"spawn_many takes payloads by key, a mapping, not {type(payloads)}")
-    client = _client(ctx)
+        raise InvalidJob(
+            f"spawn_many takes payloads by key, a mapping, not {type(payloads).__name__}"
+        )
     specs: list[JobSpec] = []
     for key, payload in payloads.items():
         problem = _key_problem(key)
@@ -92,10 +102,11 @@ def spawn_many(
             specs.append(task.spec(payload, **options))
     if not specs:
         return []
+    client = _client(url)
     rows = [validated(spec, client.max_payload_bytes) for spec in specs]
-    ids = [child_id(ctx.job_id, key) for key in payloads]
+    ids = [child_id(spawner, key) for key in payloads]
     params = {
-        "spawner": ctx.job_id,
+        "spawner": spawner,
         "jobs": Batch(specs, ids, rows).params()["jobs"],
         "children": dumps(
             [{"i": i, "k": k, "o": n} for n, (i, k) in enumerate(zip(ids, payloads, strict=True))]
