@@ -4,12 +4,15 @@ next stage reads every child's result, and a child's failure follows the spawner
 
 from __future__ import annotations
 
+import json
+
 import psycopg
 import pytest
 from spawntasks import GATE
 from support import Processes, query, wait_for
 
 from worker import Client, JobStatus, Workflow
+from worker.client.spawn import child_id
 
 
 def _row(url: str, job_id: str) -> tuple[str, str | None, object]:
@@ -186,3 +189,48 @@ def test_a_task_that_waits_for_its_children_fails_with_a_clear_error(env, databa
         "wait_for_children() ends a pipeline's stage: a task cannot wait for its children"
     )
     assert JobStatus(_row(database_url, job.job_id)[0]) is JobStatus.FAILED
+
+
+def _spawn_in_sql(conn: psycopg.Connection, spawner: str, keys: list[str]) -> list[str]:
+    """What `ctx.spawn_many` sends, for a spawner marked running by hand."""
+    ids = [child_id(spawner, k) for k in keys]
+    jobs = [
+        {"i": i, "t": "square", "p": {}, "q": "default", "pr": 0, "ra": None, "d": 0}
+        | {"mr": None, "u": None, "ck": None}
+        for i in ids
+    ]
+    children = [{"i": i, "k": k, "o": n} for n, (i, k) in enumerate(zip(ids, keys, strict=True))]
+    conn.execute(
+        "SELECT * FROM worker.spawn(%s, %s, %s)", (spawner, json.dumps(jobs), json.dumps(children))
+    )
+    return ids
+
+
+def test_a_child_ended_by_the_write_that_holds_its_spawner_is_counted_once(database_url):
+    """One statement ends a child and moves its spawner to `held` (a worker's outcome batch
+    holding both): the spawner waits for the other child only, then is released by it."""
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        spawner = Client(database_url).enqueue("fan_out", {}).job_id
+        conn.execute(
+            "UPDATE worker.jobs SET status = 'processing', started_at = now(), "
+            "worker_id = gen_random_uuid() WHERE id = %s",
+            (spawner,),
+        )
+        first, second = _spawn_in_sql(conn, spawner, ["a", "b"])
+        conn.execute(
+            "UPDATE worker.jobs SET status = CASE WHEN id = %(spawner)s THEN 'held' "
+            "ELSE 'completed' END, result = CASE WHEN id = %(first)s THEN '1'::jsonb END, "
+            "finished_at = CASE WHEN id = %(first)s THEN now() END "
+            "WHERE id IN (%(spawner)s, %(first)s)",
+            {"spawner": spawner, "first": first},
+        )
+        (held,) = query(
+            database_url, "SELECT status, waiting_on FROM worker.jobs WHERE id = %s", (spawner,)
+        )
+        assert held == ("held", 1)
+        conn.execute(
+            "UPDATE worker.jobs SET status = 'completed', result = '1', finished_at = now() "
+            "WHERE id = %s",
+            (second,),
+        )
+    assert _row(database_url, spawner)[0] == "pending"

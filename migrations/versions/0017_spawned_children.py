@@ -14,8 +14,8 @@ by the client, so spawning again with a key (a stage retried after its worker wa
 the child it spawned before and writes nothing.
 
 A stage that waits for its children ends its attempt with the outcome `waiting`: the outcome
-write moves the job from `processing` to `held`, and the trigger `jobs_waiting` settles it in
-the same transaction. It first locks the children (`FOR SHARE`), so a child's outcome either
+write moves the job from `processing` to `held`, and the trigger `jobs_awaiting_children`
+settles it in the same transaction. It first locks the children (`FOR SHARE`), so a child's outcome either
 committed before or waits for this commit, then finds the job `held` and goes through
 `worker.parents_ended()`. The outcomes of the children that ended while the job ran go through
 that same function, replayed: the job is released once none is left, and under the policy
@@ -105,7 +105,7 @@ SPAWN_SIGNATURE = "worker.spawn(uuid, json, json, jsonb)"
 # granted, and an outcome not committed yet waits for this transaction, then finds the job
 # held. A job that spawned nothing is due at once.
 JOBS_WAITING_FUNCTION = """
-CREATE FUNCTION worker.jobs_waiting() RETURNS trigger
+CREATE FUNCTION worker.jobs_awaiting_children() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     waiting uuid[];
@@ -158,10 +158,13 @@ BEGIN
 END $$
 """
 
+# Named to fire before `jobs_ended` (triggers of one event fire in name order): when one outcome
+# write both ends a child and moves its spawner to `held`, the spawner counts that child first,
+# then `jobs_ended` takes it off the count.
 TRIGGER = """
-CREATE TRIGGER jobs_waiting AFTER UPDATE ON worker.jobs
+CREATE TRIGGER jobs_awaiting_children AFTER UPDATE ON worker.jobs
     REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
-    FOR EACH STATEMENT EXECUTE FUNCTION worker.jobs_waiting()
+    FOR EACH STATEMENT EXECUTE FUNCTION worker.jobs_awaiting_children()
 """
 
 # 0014's `worker.parent_results()`, with each spawned child's key: declared parents first, in
@@ -221,8 +224,8 @@ def downgrade() -> None:
     op.execute(
         _revision("0014_workflows.py").PARENT_RESULTS.replace("CREATE", "CREATE OR REPLACE", 1)
     )
-    op.execute("DROP TRIGGER jobs_waiting ON worker.jobs")
-    op.execute("DROP FUNCTION worker.jobs_waiting()")
+    op.execute("DROP TRIGGER jobs_awaiting_children ON worker.jobs")
+    op.execute("DROP FUNCTION worker.jobs_awaiting_children()")
     op.execute(f"DROP FUNCTION {SPAWN_SIGNATURE}")
     # A job held for its children would wait for edges no longer there: it runs again.
     op.execute(

@@ -289,11 +289,11 @@ ORDER BY next.priority DESC, next.fresh, next.run_at
 # is a pipeline stage that finished with the attempt: it is recorded in the same statement (one
 # commit less per job), only where `done` took the outcome (the job is ours). Rows: see
 # `json_records` (a JSON null result or output arrives as SQL NULL, hence the coalesce).
-# A job waiting for the children it spawned is `held`; the trigger `jobs_waiting` (migration
-# 0017) settles it in this transaction, once it has counted the children not ended yet.
-# A retry, snooze, pause or wait that meets a cancel request (it landed after the job's last look)
-# is due at once instead: the next claim settles it cancelled, after the cleanup it owes. (The
-# cancel request is read from the row being updated, so one committed meanwhile is seen.)
+# A job waiting for the children it spawned is `held`; the trigger `jobs_awaiting_children`
+# (migration 0017) settles it in this transaction, once it has counted its children.
+# A retry, snooze, pause or wait that meets a cancel request (it landed after the job's last
+# look) is due at once instead: the next claim settles it cancelled, after the cleanup it owes.
+# (The cancel request is read from the row being updated, so one committed meanwhile is seen.)
 # A job whose row another client holds locked (an operator's open transaction) is skipped, not
 # waited for: the batch goes through, and the job comes back with a NULL status, to be written
 # again later (it is still ours, in this attempt). NO KEY UPDATE: the lock the UPDATE takes.
