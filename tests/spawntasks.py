@@ -1,8 +1,9 @@
 """Tasks the spawn tests run in real worker processes.
 
-`fan_out` spawns one `square` child per part in its first stage, records how many of them were
-spawned before (a retried attempt finds them all), and waits for them; its second stage reads
-their results. A part can be told to fail, or to wait for a gate the test holds.
+`fan_out` spawns one `square` child per part in its first stage (and, told to nest, a `fan_out`
+child of its own), records how many of them were spawned before (a retried attempt finds them
+all), and waits for them; its second stage reads their results. A part can be told to fail,
+or to wait for a gate the test holds.
 """
 
 from __future__ import annotations
@@ -66,6 +67,8 @@ def split(ctx: Any) -> None:
     # A part told to fail fails for good at once; the others are retried as usual (their
     # worker may be killed under them).
     children = ctx.spawn_many(square, parts, max_retries=0 if failing else None)
+    if given.get("nest"):  # a child that spawns children of its own, and waits for them
+        children += ctx.spawn_many("fan_out", {"inner": {"parts": given["nest"]}})
     found = sum(child.duplicate for child in children)
     record(ctx.job_id, f"spawned:{ctx.attempt}:{len(children)}:{found}")
     if given.get("die") and ctx.attempt == 1:
@@ -86,7 +89,9 @@ def gather(ctx: Any) -> dict[str, Any]:
         "split": ctx.outputs["split"],
         "keys": [c.key for c in children],
         "statuses": [c.status for c in children],
-        "sum": sum(c.result["square"] for c in children if c.status == "completed"),
+        "sum": sum(
+            c.result.get("square", c.result.get("sum")) for c in children if c.status == "completed"
+        ),
     }
 
 

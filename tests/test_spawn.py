@@ -90,6 +90,25 @@ def test_a_waiting_stage_holds_no_worker_slot(env, database_url, processes: Proc
     assert _row(database_url, job.job_id)[2]["sum"] == 0
 
 
+def test_a_child_that_waits_for_its_own_children_keeps_its_spawner_waiting(
+    env, database_url, processes: Processes
+):
+    """A held child has not ended: its spawner waits until the child's own children have
+    ended and the child has gathered them, all on one worker slot."""
+    job = Client(database_url).enqueue("fan_out", {"parts": 1, "nest": 3})
+    processes.worker(env, "spawntasks", extra={"WORKER_CONCURRENCY": "1"})
+    wait_for(lambda: _row(database_url, job.job_id)[0] == "completed", message="fan_out")
+    result = _row(database_url, job.job_id)[2]
+    assert result["keys"] == ["part-0", "inner"]
+    assert result["sum"] == 0 + (0 + 1 + 4)
+    inner = _children(database_url, job.job_id)[1][0]
+    (order,) = query(
+        database_url,
+        "SELECT array_agg(job ORDER BY at) FROM effects WHERE kind = 'gathered'",
+    )
+    assert order[0] == [inner, job.job_id]
+
+
 def test_a_stage_killed_after_spawning_spawns_no_second_child(
     env, database_url, processes: Processes
 ):

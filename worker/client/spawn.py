@@ -32,14 +32,15 @@ from worker.db import sql
 from worker.encoding import dumps
 
 
+MAX_KEY = 100  # a child's node name is its spawner's and its key: both fit the node's bound
+
+
 class Spec(Protocol):
     """A task's handle, as a spawn reads it (`worker.tasks.Task`): its payload checked and
     its options completed by `spec`."""
 
     def spec(self, payload: Any = None, **options: Any) -> JobSpec: ...
 
-
-MAX_KEY = 100  # a child's node name is its spawner's and its key: both fit the node's bound
 
 _clients: dict[str, Client] = {}
 _clients_lock = threading.Lock()

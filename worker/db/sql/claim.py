@@ -282,10 +282,10 @@ ORDER BY next.priority DESC, next.fresh, next.run_at
 # claimed it), so a job rescued from this worker (then finished by another, or claimed again by
 # this one) is never overwritten by the attempt the rescue ended; the NOTIFY is sent at commit,
 # after the rows are visible, so a waiter woken by it reads the final state.
-# `outcome` is completed | retry | failed | cancelled | paused | snoozed | waiting. A retry becomes
-# pending while fewer than the attempt's `max_retries` were made (as its claim read them:
-# the job's own, else its task's, else the worker's), else failed; it waits for the delay its
-# task chose, or else the worker's backoff with jitter. `stage`, if not NULL,
+# `outcome` is completed | retry | failed | cancelled | paused | snoozed | waiting. A retry
+# becomes pending while fewer than the attempt's `max_retries` were made (as its claim read
+# them: the job's own, else its task's, else the worker's), else failed; it waits for the delay
+# its task chose, or else the worker's backoff with jitter. `stage`, if not NULL,
 # is a pipeline stage that finished with the attempt: it is recorded in the same statement (one
 # commit less per job), only where `done` took the outcome (the job is ours). Rows: see
 # `json_records` (a JSON null result or output arrives as SQL NULL, hence the coalesce).
