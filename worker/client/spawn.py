@@ -31,7 +31,6 @@ from worker.client.validation import Batch, validated
 from worker.db import sql
 from worker.encoding import dumps
 
-
 MAX_KEY = 100  # a child's node name is its spawner's and its key: both fit the node's bound
 
 
