@@ -175,7 +175,7 @@ def test_a_failed_child_under_each_policy(env, database_url, processes, policy, 
     failed = _children(database_url, spawner)[1][0]
     if policy == "cancel":
         assert status == "cancelled"
-        assert error == f"cancelled: child {failed} (fan_out/part-1) was failed"
+        assert error == f"cancelled: parent {failed} (fan_out/part-1) was failed"
         assert "gathered" not in _effects(database_url, spawner)
     else:
         assert status == "completed"

@@ -15,13 +15,12 @@ the child it spawned before and writes nothing.
 
 A stage that waits for its children ends its attempt with the outcome `waiting`: the outcome
 write moves the job from `processing` to `held`, and the trigger `jobs_awaiting_children`
-settles it in the same transaction. It first locks the children (`FOR SHARE`), so a child's
-outcome either committed before or waits for this commit, then finds the job `held` and goes
-through `worker.parents_ended()`. The outcomes of the children that ended while the job ran go
-through that same function, replayed: the job is released once none is left, and under the
-policy `cancel` it is cancelled by a child that did not complete, exactly as a held child of a
-workflow is by its parents. That function now names such a child as a child in the error it
-writes: `cancelled: child ID (split/part-1) was failed`.
+settles it in the same transaction. It first locks the children (`FOR SHARE`), so a child's outcome either
+committed before or waits for this commit, then finds the job `held` and goes through
+`worker.parents_ended()`. The outcomes of the children that ended while the job ran go through
+that same function, replayed: the job is released once none is left, and under the policy
+`cancel` it is cancelled by a child that did not complete, its error naming that child, exactly
+as a held child of a workflow is by its parents.
 """
 
 import importlib.util
@@ -183,40 +182,6 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 $$
 """
 
-# 0014's `worker.parents_ended()`, naming a spawned child as a child in the error of the job
-# it cancels. The rule itself is unchanged.
-_PARENTS_ENDED_EDITS = [
-    (
-        "CREATE FUNCTION worker.parents_ended",
-        "CREATE OR REPLACE FUNCTION worker.parents_ended",
-    ),
-    (
-        "RETURNING d.child_id, d.parent_id, d.ended_as\n",
-        "RETURNING d.child_id, d.parent_id, d.ended_as, d.spawn_key\n",
-    ),
-    (
-        "FILTER (WHERE ended_as <> 'completed'))[1] AS bad_outcome\n",
-        "FILTER (WHERE ended_as <> 'completed'))[1] AS bad_outcome,\n"
-        "               (array_agg(spawn_key ORDER BY parent_id)\n"
-        "                    FILTER (WHERE ended_as <> 'completed'))[1] AS bad_key\n",
-    ),
-    (
-        "THEN format('cancelled: parent %s%s was %s', c.bad_parent,",
-        "THEN format('cancelled: %s %s%s was %s',\n"
-        "                            CASE WHEN c.bad_key IS NULL THEN 'parent' ELSE 'child' END,\n"
-        "                            c.bad_parent,",
-    ),
-]
-
-
-def _parents_ended() -> str:
-    text = str(_revision("0014_workflows.py").PARENTS_ENDED)
-    for before, after in _PARENTS_ENDED_EDITS:
-        assert text.count(before) == 1, before
-        text = text.replace(before, after)
-    return text
-
-
 _CLIENT_MARK = "GRANT EXECUTE ON FUNCTION worker.add_dependencies(uuid, uuid[]) TO worker_client;"
 _RUNNER_MARK = "GRANT EXECUTE ON FUNCTION worker.add_dependencies(uuid, uuid[]) TO worker_runner;"
 
@@ -251,16 +216,14 @@ def upgrade() -> None:
     op.execute(JOBS_WAITING_FUNCTION)
     op.execute(TRIGGER)
     op.execute(PARENT_RESULTS)
-    op.execute(_parents_ended())
     op.execute(_grants())
     op.execute("SELECT worker.grant_roles()")
 
 
 def downgrade() -> None:
-    before = _revision("0014_workflows.py")
-    # The function reads the columns dropped below: it goes back first.
-    op.execute(before.PARENTS_ENDED.replace("CREATE", "CREATE OR REPLACE", 1))
-    op.execute(before.PARENT_RESULTS.replace("CREATE", "CREATE OR REPLACE", 1))
+    op.execute(
+        _revision("0014_workflows.py").PARENT_RESULTS.replace("CREATE", "CREATE OR REPLACE", 1)
+    )
     op.execute("DROP TRIGGER jobs_awaiting_children ON worker.jobs")
     op.execute("DROP FUNCTION worker.jobs_awaiting_children()")
     op.execute(f"DROP FUNCTION {SPAWN_SIGNATURE}")
