@@ -1,6 +1,5 @@
 """`@task`: registering the functions a worker can run, the `Context` a run sees, and the
-exceptions a task raises to steer its job (`JobCancelled`, `Snooze`, `PauseForResolution`,
-`WaitForChildren`).
+exceptions a task raises to steer its job (`JobCancelled`, `Snooze`, `PauseForResolution`).
 
 A task is a plain function (sync or `async`) taking the job's payload, a JSON object (or a
 pydantic model it is validated into), and returning a JSON value, stored as the job's result.
@@ -176,23 +175,20 @@ class Context:
     def parents(self) -> list[ParentResult]:
         """The parents of this job of a workflow, each with how it ended and its result, in
         the order they were added to the graph (empty for a job with none)."""
-        return [p for p in self._waited_on() if p.key is None]
+        return [p for p in map(ParentResult.read, self.job.parents or ()) if p.key is None]
 
     @property
     def children(self) -> list[ParentResult]:
-        """The children this job spawned, as its claim read them, each with how it ended and
-        its result (`key`: its spawn key), in the order they were first spawned."""
-        return [p for p in self._waited_on() if p.key is not None]
-
-    def _waited_on(self) -> list[ParentResult]:
-        return [ParentResult.read(p) for p in self.job.parents or ()]
+        """The children this job spawned (`ctx.spawn`), each with its key, how it ended and its
+        result, in the order they were first spawned."""
+        return [p for p in map(ParentResult.read, self.job.parents or ()) if p.key is not None]
 
     def result_of(self, node: Any) -> JSON:
         """The result of the parent named `node` (or the `Node` that `Workflow.add` returned),
         or of the child spawned with that key; `LookupError` if none has that name, or if it
         did not complete."""
         name = getattr(node, "name", node)
-        for parent in self._waited_on():
+        for parent in [*self.parents, *self.children]:
             if name in (parent.node, parent.job_id, parent.key):
                 if parent.status != "completed":
                     raise LookupError(f"parent {name} ended {parent.status}: it has no result")
@@ -202,19 +198,14 @@ class Context:
     def spawn(
         self, task: Task[Any, Any] | str, payload: Any = None, *, key: str, **options: Any
     ) -> Job:
-        """Enqueue a child of this job, once per `key`: spawned again with that key (a retried
-        attempt), it returns the child spawned first (`duplicate` true) and writes nothing.
-        `options` are `enqueue`'s, but `unique_key` and `connection`.
-
-        >>> child = ctx.spawn(resize, {"path": "a.png"}, key="a.png")  # doctest: +SKIP
-        """
+        """Enqueue a child of this job once per `key` (`worker.client.spawn`): spawned again, it
+        returns the first child (`duplicate` true). `options` are `enqueue`'s but `unique_key`."""
         return self.spawn_many(task, {key: payload}, **options)[0]
 
     def spawn_many(
         self, task: Task[Any, Any] | str, payloads: Mapping[str, Any], **options: Any
     ) -> list[Job]:
-        """`spawn` a child of `task` per key of `payloads`, all in one statement; their handles,
-        in the order of `payloads`.
+        """`spawn` a child of `task` per key of `payloads`, in one statement; their handles.
 
         >>> ctx.spawn_many(resize, {p: {"path": p} for p in paths})  # doctest: +SKIP
         """
