@@ -3,7 +3,7 @@
 `fan_out` spawns one `square` child per part in its first stage (and, told to nest, a `fan_out`
 child of its own), records how many of them were spawned before (a retried attempt finds them
 all), and waits for them; its second stage reads their results. A part can be told to fail,
-or to wait for a gate the test holds.
+or to wait for a gate the test holds. `two_rounds` spawns and waits in two stages in turn.
 """
 
 from __future__ import annotations
@@ -107,3 +107,28 @@ def spawns_one(payload: dict[str, Any], ctx: Any) -> dict[str, Any]:
 def waits_in_a_task(payload: dict[str, Any], ctx: Any) -> None:
     ctx.spawn(square, {"i": 1}, key="one")
     ctx.wait_for_children()
+
+
+rounds = Pipeline("two_rounds")
+
+
+@rounds.stage
+def first_round(ctx: Any) -> None:
+    ctx.spawn_many(square, {"a": {"i": 1}, "b": {"i": 2}})
+    ctx.wait_for_children()
+
+
+@rounds.stage
+def second_round(ctx: Any) -> None:
+    ended = [c.key for c in ctx.children]  # the first round's, all ended
+    ctx.spawn_many(square, {"c": {"i": 3}, "d": {"i": 4}})
+    ctx.wait_for_children({"ended_before": ended})
+
+
+@rounds.stage
+def total(ctx: Any) -> dict[str, Any]:
+    return {
+        "ended_before": ctx.outputs["second_round"]["ended_before"],
+        "keys": [c.key for c in ctx.children],
+        "sum": sum(c.result["square"] for c in ctx.children),
+    }

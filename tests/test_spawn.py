@@ -109,6 +109,19 @@ def test_a_child_that_waits_for_its_own_children_keeps_its_spawner_waiting(
     assert order[0] == [inner, job.job_id]
 
 
+def test_a_pipeline_waits_for_its_children_again_in_a_later_stage(env, database_url, processes):
+    """The second wait counts the children spawned before, ended already, and waits for the
+    new ones only; the last stage reads all of them."""
+    job = Client(database_url).enqueue("two_rounds", {})
+    processes.worker(env, "spawntasks", extra={"WORKER_CONCURRENCY": "1"})
+    wait_for(lambda: _row(database_url, job.job_id)[0] == "completed", message="two_rounds")
+    assert _row(database_url, job.job_id)[2] == {
+        "ended_before": ["a", "b"],
+        "keys": ["a", "b", "c", "d"],
+        "sum": 1 + 4 + 9 + 16,
+    }
+
+
 def test_a_stage_killed_after_spawning_spawns_no_second_child(
     env, database_url, processes: Processes
 ):
