@@ -120,6 +120,12 @@ def test_a_pipeline_waits_for_its_children_again_in_a_later_stage(env, database_
         "keys": ["a", "b", "c", "d"],
         "sum": 1 + 4 + 9 + 16,
     }
+    orders = query(
+        database_url,
+        "SELECT spawn_order FROM worker.job_dependencies WHERE child_id = %s ORDER BY 1",
+        (job.job_id,),
+    )
+    assert [r[0] for r in orders] == [1, 2, 3, 4]  # each child its own place, across stages
 
 
 def test_a_stage_killed_after_spawning_spawns_no_second_child(

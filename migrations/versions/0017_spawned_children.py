@@ -87,7 +87,7 @@ BEGIN
         RETURNING worker.jobs.id
     ), edges AS (
         INSERT INTO worker.job_dependencies (child_id, parent_id, spawn_key, spawn_order)
-        SELECT spawner, k.i, k.k, base + k.o FROM k
+        SELECT spawner, k.i, k.k, base + k.o + 1 FROM k
         WHERE k.i IN (SELECT inserted.id FROM inserted)
         ON CONFLICT DO NOTHING
     )
