@@ -15,12 +15,12 @@ the child it spawned before and writes nothing.
 
 A stage that waits for its children ends its attempt with the outcome `waiting`: the outcome
 write moves the job from `processing` to `held`, and the trigger `jobs_awaiting_children`
-settles it in the same transaction. It first locks the children (`FOR SHARE`), so a child's outcome either
-committed before or waits for this commit, then finds the job `held` and goes through
-`worker.parents_ended()`. The outcomes of the children that ended while the job ran go through
-that same function, replayed: the job is released once none is left, and under the policy
-`cancel` it is cancelled by a child that did not complete, its error naming that child, exactly
-as a held child of a workflow is by its parents.
+settles it in the same transaction. It first locks the children (`FOR SHARE`), so a child's
+outcome either committed before or waits for this commit, then finds the job `held` and goes
+through `worker.parents_ended()`. The outcomes of the children that ended while the job ran go
+through that same function, replayed: the job is released once none is left, and under the
+policy `cancel` it is cancelled by a child that did not complete, its error naming that child,
+exactly as a held child of a workflow is by its parents.
 """
 
 import importlib.util
