@@ -38,7 +38,7 @@ from worker.middleware import Middleware, add_middleware, remove_middleware
 from worker.models import JobEnding, JobStatus, Outcome, OutcomeKind, ProgressEvent
 from worker.retries import Backoff, Retry
 from worker.stages import ALL_DONE, ALL_SUCCESS, Pipeline, TriggerRule
-from worker.tasks import Context, JobCancelled, PauseForResolution, Task, task
+from worker.tasks import Context, JobCancelled, PauseForResolution, Task, WaitForChildren, task
 from worker.workflow import InvalidWorkflow, Workflow, WorkflowHandle
 
 __all__ = [
@@ -71,6 +71,7 @@ __all__ = [
     "Retry",
     "Task",
     "TriggerRule",
+    "WaitForChildren",
     "Workflow",
     "WorkflowHandle",
     "add_middleware",

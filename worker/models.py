@@ -122,6 +122,7 @@ class OutcomeKind(StrEnum):
     CANCELLED = "cancelled"
     PAUSED = "paused"
     SNOOZED = "snoozed"  # pending again after a delay, not counted as a retry
+    WAITING = "waiting"  # held until the children it spawned have ended (migration 0017)
 
 
 class JobEnding(StrEnum):
@@ -214,10 +215,18 @@ class ParentCounts:
 
 @dataclass(frozen=True)
 class ParentResult:
-    """A parent of a workflow's job, as the job's claim read it: `ctx.parents`."""
+    """A parent of a workflow's job, as the job's claim read it: `ctx.parents`; or a child
+    the job spawned, which it waits on as on a parent: `ctx.children`."""
 
     node: str | None  # its name in the workflow (None: outside it, or its row deleted)
     job_id: str
     task: str | None  # None once the parent's row was deleted
     status: str  # completed, failed or cancelled; `deleted` once its row is gone
     result: JSON = None  # its result, if it completed
+    key: str | None = None  # a spawned child's key (None: a parent)
+
+    @classmethod
+    def read(cls, row: dict[str, JSON]) -> ParentResult:
+        """One entry of `worker.parent_results`, as the claim read it."""
+        node, task, key = row.get("node"), row.get("task"), row.get("key")
+        return cls(node, str(row["id"]), task, row["status"], row.get("result"), key)

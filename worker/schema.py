@@ -284,10 +284,17 @@ job_dependencies = Table(
     Column("child_id", UUID(as_uuid=True), nullable=False),
     Column("parent_id", UUID(as_uuid=True), nullable=False),
     Column("ended_as", Text, nullable=True),
+    # A child spawned by a running job: its key, and its place among the spawner's children
+    # (both NULL on a parent declared in a graph; migration 0017).
+    Column("spawn_key", Text, nullable=True),
+    Column("spawn_order", Integer, nullable=True),
     PrimaryKeyConstraint("child_id", "parent_id", name="job_dependencies_pkey"),
     CheckConstraint(
         "ended_as IN ('completed', 'failed', 'cancelled', 'deleted')",
         name="job_dependencies_ended_as_valid",
+    ),
+    CheckConstraint(
+        "(spawn_key IS NULL) = (spawn_order IS NULL)", name="job_dependencies_spawned_whole"
     ),
     Index("job_dependencies_parent_idx", "parent_id"),
 )

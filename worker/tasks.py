@@ -17,10 +17,10 @@ import inspect
 import threading
 import typing
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, Unpack, overload
+from typing import TYPE_CHECKING, Any, Generic, NoReturn, Protocol, TypeVar, Unpack, overload
 
 from pydantic import BaseModel, ValidationError
 
@@ -91,6 +91,15 @@ class PauseForResolution(Exception):
             raise TypeError(f"the pause question is {exc}") from None
         super().__init__(str(question))
         self.question = question
+
+
+class WaitForChildren(Exception):
+    """Raised by `Context.wait_for_children`: end this stage with `output`, and hold the job,
+    with no slot, until every child it spawned has ended; then its next stage runs."""
+
+    def __init__(self, output: JSON = None) -> None:
+        super().__init__("waiting for the children it spawned")
+        self.output = output
 
 
 @dataclass
@@ -168,30 +177,60 @@ class Context:
     def parents(self) -> list[ParentResult]:
         """The parents of this job of a workflow, each with how it ended and its result, in
         the order they were added to the graph (empty for a job with none)."""
-        return [
-            ParentResult(p.get("node"), str(p["id"]), p.get("task"), p["status"], p.get("result"))
-            for p in self.job.parents or ()
-        ]
+        return [p for p in map(ParentResult.read, self.job.parents or ()) if p.key is None]
+
+    @property
+    def children(self) -> list[ParentResult]:
+        """The children this job spawned (`ctx.spawn`), each with its key, how it ended and its
+        result, in the order they were first spawned."""
+        return [p for p in map(ParentResult.read, self.job.parents or ()) if p.key is not None]
 
     @property
     def parent_counts(self) -> ParentCounts:
         """How this job's parents ended, counted by outcome: what a batch's `on_complete` or
         `on_failure` callback reads of its batch (all zero for a job with no parents)."""
-        ended = Counter(str(p["status"]) for p in self.job.parents or ())
+        ended = Counter(p.status for p in self.parents)
         return ParentCounts(
             ended["completed"], ended["failed"], ended["cancelled"], ended["deleted"]
         )
 
     def result_of(self, node: Any) -> JSON:
-        """The result of the parent named `node` (or the `Node` that `Workflow.add` returned);
-        `LookupError` if no parent has that name, or if that parent did not complete."""
+        """The result of the parent named `node` (or the `Node` that `Workflow.add` returned),
+        or of the child spawned with that key; `LookupError` if none has that name, or if it
+        did not complete."""
         name = getattr(node, "name", node)
-        for parent in self.parents:
-            if name in (parent.node, parent.job_id):
+        for parent in [*self.parents, *self.children]:
+            if name in (parent.node, parent.job_id, parent.key):
                 if parent.status != "completed":
                     raise LookupError(f"parent {name} ended {parent.status}: it has no result")
                 return parent.result
-        raise LookupError(f"{name!r} is not a parent of job {self.job_id}")
+        raise LookupError(f"{name!r} is neither a parent nor a child of job {self.job_id}")
+
+    def spawn(
+        self, task: Task[Any, Any] | str, payload: Any = None, *, key: str, **options: Any
+    ) -> Job:
+        """Enqueue a child of this job once per `key` (`worker.client.spawn`): spawned again, it
+        returns the first child (`duplicate` true). `options` are `enqueue`'s but `unique_key`."""
+        return self.spawn_many(task, {key: payload}, **options)[0]
+
+    def spawn_many(
+        self, task: Task[Any, Any] | str, payloads: Mapping[str, Any], **options: Any
+    ) -> list[Job]:
+        """`spawn` a child of `task` per key of `payloads`, in one statement; their handles.
+
+        >>> ctx.spawn_many(resize, {p: {"path": p} for p in paths})  # doctest: +SKIP
+        """
+        from worker.client.spawn import spawn_many
+
+        url = getattr(self.runtime, "url", None)  # the worker's database, if it runs on one
+        return spawn_many(
+            url if isinstance(url, str) else None, self.job_id, task, payloads, options
+        )
+
+    def wait_for_children(self, output: JSON = None) -> NoReturn:
+        """In a pipeline's stage: end the stage with `output` and give the slot back; the next
+        stage runs once every child spawned has ended, and reads them in `ctx.children`."""
+        raise WaitForChildren(output)
 
     def snooze(self, seconds: float) -> None:
         """Give the slot back and run this stage again in `seconds` (not counted as a retry)."""

@@ -45,8 +45,11 @@ LEGAL_TRANSITIONS = {
     (None, "held"),  # a workflow's job with parents (migration 0014)
     ("held", "pending"),  # its last parent ended
     ("held", "cancelled"),  # a parent failed (policy cancel), or a cancel
+    ("processing", "held"),  # a stage waits for its children (migration 0017)
 }
 
+# The audit also runs for writes made inside the schema's own functions, whose search path is
+# pinned: it keeps the one it was created with, where its table is.
 AUDIT = """
 CREATE TABLE IF NOT EXISTS chaos_effects (
     job uuid NOT NULL, kind text NOT NULL, attempt int, pid int, value float8,
@@ -57,7 +60,8 @@ CREATE TABLE IF NOT EXISTS chaos_transitions (
     job uuid NOT NULL, old text, new text NOT NULL,
     at timestamptz NOT NULL DEFAULT clock_timestamp()
 );
-CREATE OR REPLACE FUNCTION chaos_audit() RETURNS trigger LANGUAGE plpgsql AS $$
+CREATE OR REPLACE FUNCTION chaos_audit() RETURNS trigger LANGUAGE plpgsql
+SET search_path FROM CURRENT AS $$
 BEGIN
     IF TG_OP = 'INSERT' THEN
         INSERT INTO chaos_transitions (job, old, new) SELECT id, NULL, status FROM new_rows;

@@ -16,6 +16,16 @@ SELECT workflow_id, created FROM worker.enqueue_workflow(
     CAST(%(edges)s AS json), CAST(%(trace_context)s AS jsonb))
 """
 
+# Safe: one call of `worker.spawn()` (migration 0017) writes a running job's children and
+# their edges, with the spawner's row locked; each child's id is made from the spawner's id and
+# its key, so run again (a stage retried, a lost connection) it finds the children it wrote
+# before and writes nothing more (`created` false).
+SPAWN = """
+SELECT spawned_id, created FROM worker.spawn(
+    CAST(%(spawner)s AS uuid), CAST(%(jobs)s AS json), CAST(%(children)s AS json),
+    CAST(%(trace_context)s AS jsonb))
+"""
+
 GET_WORKFLOW = """
 SELECT id, name, key, created_at, held, pending, processing, paused, completed, failed,
        cancelled
