@@ -40,7 +40,7 @@ from worker.db.driver import Closable, Driver, RecordedOutcome, Registration
 from worker.db.errors import TRANSIENT, describe
 from worker.db.postgres import PostgresDriver
 from worker.events import PostgresBus, ProgressBus
-from worker.logs import fields, first_line
+from worker.logs import fields, first_line, log_info
 from worker.middleware import MIDDLEWARE
 from worker.models import JobStatus
 from worker.schedules import SCHEDULES
@@ -308,7 +308,9 @@ class Worker:
                 if row.error is not None and (again or row.status == JobStatus.FAILED)
                 else None
             )
-            job_log.info(
+            log_info(
+                job_log,
+                "job.requeued" if again else f"job.{row.status}",
                 "job %s (%s) %s after %.3f s (queue %s, retries %d)%s",
                 row.id,
                 row.task,
@@ -317,14 +319,11 @@ class Worker:
                 row.queue,
                 row.retry_count,
                 f": {why}" if why else "",
-                extra=fields(
-                    "job.requeued" if again else f"job.{row.status}",
-                    job_id=row.id,
-                    task=row.task,
-                    queue=row.queue,
-                    status=row.status,
-                    duration=round(float(row.duration or 0.0), 6),
-                    retry_count=row.retry_count,
-                    **({"error": why} if why else {}),
-                ),
+                job_id=row.id,
+                task=row.task,
+                queue=row.queue,
+                status=row.status,
+                duration=round(float(row.duration or 0.0), 6),
+                retry_count=row.retry_count,
+                **({"error": why} if why else {}),
             )
