@@ -299,22 +299,16 @@ class Worker:
         if not job_log.isEnabledFor(logging.INFO):
             return
         for row in rows:
-            # A job back to pending is a retry after a failed attempt, or a snooze.
-            again = row.status == JobStatus.PENDING
             # A retry's or a failure's line says why: its error's first line (for an exception,
             # its type and message), cut from the text only here, where it is logged.
-            why = (
-                first_line(row.error)
-                if row.error is not None and (again or row.status == JobStatus.FAILED)
-                else None
-            )
+            why = first_line(row.error) if row.error is not None and row.status in _SAY_WHY else ""
             log_info(
                 job_log,
-                "job.requeued" if again else f"job.{row.status}",
+                _OUTCOME_EVENT[row.status],
                 "job %s (%s) %s after %.3f s (queue %s, retries %d)%s",
                 row.id,
                 row.task,
-                "back to pending" if again else row.status,
+                _OUTCOME_WORDS[row.status],
                 row.duration or 0.0,
                 row.queue,
                 row.retry_count,
@@ -325,5 +319,12 @@ class Worker:
                 status=row.status,
                 duration=round(float(row.duration or 0.0), 6),
                 retry_count=row.retry_count,
-                **({"error": why} if why else {}),
+                **({"error": why} if why else _NO_ERROR),
             )
+
+
+# A job back to pending is a retry after a failed attempt, or a snooze.
+_OUTCOME_EVENT = {s: "job.requeued" if s == JobStatus.PENDING else f"job.{s}" for s in JobStatus}
+_OUTCOME_WORDS = {s: "back to pending" if s == JobStatus.PENDING else str(s) for s in JobStatus}
+_SAY_WHY = frozenset({JobStatus.PENDING, JobStatus.FAILED})
+_NO_ERROR: dict[str, str] = {}

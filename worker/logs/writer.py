@@ -21,6 +21,7 @@ from typing import IO
 
 # The POSIX minimum where the system does not say.
 PIPE_BUF = getattr(select, "PIPE_BUF", 512)
+_ERRORS = "backslashreplace"  # as Python's own stderr: a line is never refused for a character
 
 
 class LineWriter:
@@ -34,7 +35,7 @@ class LineWriter:
         except (AttributeError, OSError, ValueError):
             self._fd = None
         self._encoding = getattr(stream, "encoding", None) or "utf-8"
-        self._waiting: list[bytes] = []
+        self._waiting: list[str] = []
         self._size = 0
         # Reentrant, as `logging`'s own locks: a signal handler that logs may interrupt a write.
         self._lock = threading.RLock()
@@ -42,18 +43,20 @@ class LineWriter:
 
     def write(self, line: str) -> None:
         """Send `line` (without its newline) now, or at the running loop's next turn."""
+        line += "\n"
         if self._fd is None:
             with self._lock:
-                self._stream.write(line + "\n")
+                self._stream.write(line)
                 self._stream.flush()
             return
-        data = (line + "\n").encode(self._encoding, "backslashreplace")
+        # Counted in bytes: an ASCII line is as long in bytes as in characters.
+        size = len(line) if line.isascii() else len(line.encode(self._encoding, _ERRORS))
         loop = asyncio._get_running_loop()
         with self._lock:
-            if self._size + len(data) > PIPE_BUF:
+            if self._size + size > PIPE_BUF:
                 self._send()
-            self._waiting.append(data)
-            self._size += len(data)
+            self._waiting.append(line)
+            self._size += size
             if loop is None:
                 self._send()
             elif self._flush_on is not loop:
@@ -70,7 +73,7 @@ class LineWriter:
     def _send(self) -> None:
         if not self._waiting:
             return
-        data = b"".join(self._waiting)
+        data = "".join(self._waiting).encode(self._encoding, _ERRORS)
         self._waiting, self._size = [], 0
         assert self._fd is not None
         try:
