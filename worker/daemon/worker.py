@@ -49,6 +49,11 @@ from worker.tasks import REGISTRY, Executable
 
 log = logging.getLogger("worker.daemon")
 job_log = logging.getLogger("worker.jobs")
+# An outcome's event and words: a job back to pending is a retry after a failed attempt, or a
+# snooze. A retry's or a failure's line also says why.
+_OUTCOME_EVENT = {s: "job.requeued" if s == JobStatus.PENDING else f"job.{s}" for s in JobStatus}
+_OUTCOME_WORDS = {s: "back to pending" if s == JobStatus.PENDING else str(s) for s in JobStatus}
+_SAY_WHY = frozenset({JobStatus.PENDING, JobStatus.FAILED})
 
 
 class DutyFailed(Exception):
@@ -319,12 +324,5 @@ class Worker:
                 status=row.status,
                 duration=round(float(row.duration or 0.0), 6),
                 retry_count=row.retry_count,
-                **({"error": why} if why else _NO_ERROR),
+                **({"error": why} if why else {}),
             )
-
-
-# A job back to pending is a retry after a failed attempt, or a snooze.
-_OUTCOME_EVENT = {s: "job.requeued" if s == JobStatus.PENDING else f"job.{s}" for s in JobStatus}
-_OUTCOME_WORDS = {s: "back to pending" if s == JobStatus.PENDING else str(s) for s in JobStatus}
-_SAY_WHY = frozenset({JobStatus.PENDING, JobStatus.FAILED})
-_NO_ERROR: dict[str, str] = {}

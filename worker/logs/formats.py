@@ -2,8 +2,7 @@
 no password of a URL, and an error in one line.
 
 Each form builds its line from the parts of a record (`Lines.line`), so a record that goes
-through `logging` and an event written straight out by the worker (`worker.logs.log_info`) come out
-the same.
+through `logging` and an event written straight out (`worker.logs.log_info`) come out the same.
 """
 
 from __future__ import annotations
