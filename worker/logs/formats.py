@@ -86,15 +86,16 @@ class TextLines(Lines):
         return scrub(f"{self._stamp_of(int(created))} {levelname:<7} {name}: {message}")
 
     def format(self, record: logging.LogRecord) -> str:
-        text = f"{self._stamp_of(int(record.created))} {record.levelname:<7} {record.name}: "
-        text += record.getMessage()
+        text = self.line(
+            record.created, record.levelname, record.name, record.getMessage(), "", None
+        )
         if record.exc_info and not record.exc_text:
             record.exc_text = self.formatException(record.exc_info)
-        if record.exc_text:
-            text += "\n" + record.exc_text
-        if record.stack_info:
-            text += "\n" + self.formatStack(record.stack_info)
-        return scrub(text)
+        # Each on the lines below, as `logging.Formatter` puts them.
+        for more in (record.exc_text, record.stack_info and self.formatStack(record.stack_info)):
+            if more:
+                text += ("" if text.endswith("\n") else "\n") + scrub(more)
+        return text
 
 
 # One encoder for every line: `json.dumps` with options builds a new one per call.
