@@ -87,8 +87,12 @@ class Worker:
         self.registry = dict(registry)
         self.queues = list(settings.queues)
         self.concurrency = settings.concurrency
-        self.bus: ProgressBus = bus if bus is not None else PostgresBus(url)
-        self.driver: Driver = driver or PostgresDriver(url, settings.concurrency)
+        own: PostgresDriver | None = None
+        if driver is None:
+            driver = own = PostgresDriver(url)
+        self.driver: Driver = driver
+        # Its progress events go out on its driver's connection, not on one more of their own.
+        self.bus: ProgressBus = bus if bus is not None else PostgresBus(url, driver=own)
         self._stop = asyncio.Event()
         self._patience = Patience(self._stop.is_set, self.driver.confirm_reachable)
         self.store = DaemonStageStore(self.driver, self._patience, self.id)
