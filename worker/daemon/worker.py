@@ -206,6 +206,7 @@ class Worker:
         self._subscriptions = [
             self.driver.subscribe("worker_jobs", self._local.jobs_notified),
             self.driver.subscribe("worker_cancel", self._local.cancel_notified),
+            self.driver.subscribe("worker_wake", self._local.wake_notified),
         ]
         for duty in duties:
             duty.add_done_callback(self._duty_ended)

@@ -47,10 +47,12 @@ from worker.db.driver import (
     StagePlans,
     StageWrite,
     UnreadableJSON,
+    WakeTokens,
 )
 from worker.db.errors import EVENTS_REFUSED, Refused
 from worker.db.notifier import Subscription, notifier
 from worker.db.records import array_literal, json_records
+from worker.db.wake import SessionWakeTokens
 from worker.models import ClaimedJob, JobStatus, ProgressEvent, StageHistory, StageRow
 
 POOL_WAIT = 5.0  # seconds a statement waits for a pooled connection before it is retried
@@ -185,6 +187,7 @@ class PostgresDriver:
         self.liveness_key = None if pooled() else secrets.randbelow(2**31 - 1) + 1
         self.pool: AsyncConnectionPool[Any] = make_pool(url)
         self.claims: AsyncConnectionPool[Any] = claim_pool(url, self.liveness_key)
+        self.wake_tokens: WakeTokens | None = None if pooled() else SessionWakeTokens(self.claims)
         self.events_connection: psycopg.AsyncConnection[Any] | None = None
         self._events_readers: AsyncConnectionPool[Any] | None = None
         self._events_readers_size = events_readers
