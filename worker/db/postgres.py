@@ -6,11 +6,11 @@ loop's own, whose session keeps the claim's plan, and one for every other statem
 and stage writes, the duties, progress events). With the process's listening connection that
 is three sessions per worker process whatever its concurrency: a running job holds none, and
 every write is a batch, so one connection keeps up with the slots, and many workers fit in a
-server's `max_connections` without a pooler. Broken pooled
-connections are dropped on first use and replaced. The pool gives up each reconnection attempt
-after `RECONNECT_WINDOW` seconds, so the next statement starts a fresh attempt at once: left
-to itself, the pool's backoff keeps doubling through a long outage and would leave the worker
-idle for long after the database came back.
+server's `max_connections` without a pooler. Broken pooled connections are dropped on first
+use and replaced. The pool gives up each reconnection attempt after `RECONNECT_WINDOW`
+seconds, so the next statement starts a fresh attempt at once: left to itself, the pool's
+backoff keeps doubling through a long outage and would leave the worker idle for long after
+the database came back.
 
 What this does not do: it does not retry a statement, nor log an outage (the daemon's
 `Patience` does both); it raises the `TRANSIENT` errors as they come.
@@ -57,11 +57,6 @@ from worker.models import ClaimedJob, JobStatus, ProgressEvent, StageHistory, St
 
 POOL_WAIT = 5.0  # seconds a statement waits for a pooled connection before it is retried
 RECONNECT_WINDOW = 3.0  # seconds the pool keeps retrying one reconnection before giving up
-
-
-# Sessions the daemon opens besides the process's listening one: the claim loop's, and one
-# for every other statement. A running job holds none (see `Worker`), whatever the concurrency.
-DAEMON_SESSIONS = 2
 
 
 # A dict lookup per row read: calling the enum class runs its metaclass's lookup each time.
