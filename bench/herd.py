@@ -15,6 +15,7 @@ It needs the server on this machine (its process times); elsewhere the CPU is le
 from __future__ import annotations
 
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -116,9 +117,13 @@ def _fleet(server: Server, n: int, jobs: int, log: Path) -> dict[str, Any]:
     finally:
         for p in procs:
             if p.poll() is None:
-                p.terminate()
+                os.killpg(p.pid, signal.SIGTERM)
         for p in procs:
-            p.wait(timeout=60)
+            try:
+                p.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait(timeout=30)
 
 
 def measure(server: Server, jobs: int, run: int) -> dict[str, Any]:
