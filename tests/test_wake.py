@@ -37,15 +37,8 @@ class Fleet:
 
     def claims(self) -> int:
         """Claims sent so far by the processes still alive."""
-        total = 0
-        for port, proc in zip(self.ports, self.procs.values(), strict=True):
-            if proc.poll() is not None:
-                continue
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
-                for line in r.read().decode().splitlines():
-                    if line.startswith(CLAIMS):
-                        total += int(float(line.split()[-1]))
-        return total
+        alive = zip(self.ports, self.procs.values(), strict=True)
+        return sum(claims_of(port) for port, proc in alive if proc.poll() is None)
 
     def holder(self) -> str | None:
         """The application name of the session holding the token, if one does."""
@@ -62,7 +55,7 @@ class Fleet:
 
         def up() -> bool:
             try:
-                return all(n > 0 for n in self._each_claims())
+                return all(claims_of(port) > 0 for port in self.ports)
             except OSError:
                 return False
 
@@ -79,18 +72,12 @@ class Fleet:
         )
         wait_for(self.holder, 60, message="a token holder")
 
-    def _each_claims(self) -> list[int]:
-        counts = []
-        for port in self.ports:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
-                counts.append(
-                    sum(
-                        int(float(line.split()[-1]))
-                        for line in r.read().decode().splitlines()
-                        if line.startswith(CLAIMS)
-                    )
-                )
-        return counts
+
+def claims_of(port: int) -> int:
+    """The claims one process has sent, from its metrics."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        lines = r.read().decode().splitlines()
+    return sum(int(float(line.split()[-1])) for line in lines if line.startswith(CLAIMS))
 
 
 def start_delays(url: str, ids: list[str]) -> list[float]:
