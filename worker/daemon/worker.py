@@ -51,6 +51,17 @@ log = logging.getLogger("worker.daemon")
 job_log = logging.getLogger("worker.jobs")
 
 
+async def _cancel_all(tasks: list[asyncio.Task[Any]]) -> None:
+    """Cancel the tasks and wait for them to end. A task that goes on is cancelled again: on
+    Python 3.11 `asyncio.wait_for` loses a cancel that comes as its wait ends, as when a duty's
+    wait for the pooled connection ends because another duty's cancel just freed it."""
+    pending = set(tasks)
+    while pending:
+        for task in pending:
+            task.cancel()
+        _, pending = await asyncio.wait(pending, timeout=1.0)
+
+
 class DutyFailed(Exception):
     """One of the worker's own tasks (writing outcomes, the heartbeat, the rescuer,
     retention) failed on something retrying cannot mend. The worker stopped, rather
@@ -276,9 +287,7 @@ class Worker:
             await asyncio.wait_for(self.driver.deregister_worker(self.id), 10)
         for subscription in self._subscriptions:
             subscription.close()
-        for task in duties:
-            task.cancel()
-        await asyncio.gather(*duties, return_exceptions=True)
+        await _cancel_all(duties)
         await self.bus.aclose()
         await self._patience.close()
         await self.driver.close()
