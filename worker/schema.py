@@ -117,12 +117,17 @@ jobs = Table(
         postgresql_where=text("status = 'processing' AND concurrency_key IS NOT NULL"),
     ),
     CheckConstraint("waiting_on >= 0", name="jobs_waiting_on_positive"),
-    CheckConstraint(
-        "on_parent_failure IN ('cancel', 'run')", name="jobs_on_parent_failure_valid"
-    ),
+    CheckConstraint("on_parent_failure IN ('cancel', 'run')", name="jobs_on_parent_failure_valid"),
     CheckConstraint("char_length(node) BETWEEN 1 AND 255", name="jobs_node_length"),
     Index("jobs_workflow_idx", "workflow_id", postgresql_where=text("workflow_id IS NOT NULL")),
     Index("jobs_held_idx", "queue", postgresql_where=text("status = 'held'")),
+    Index(
+        "jobs_live_workflow_idx",
+        "workflow_id",
+        postgresql_where=text(
+            "workflow_id IS NOT NULL AND status IN ('pending', 'processing', 'paused', 'held')"
+        ),
+    ),
     Index(
         "jobs_unique_key_idx",
         "unique_key",
@@ -280,6 +285,8 @@ job_dependencies = Table(
     Column("child_id", UUID(as_uuid=True), nullable=False),
     Column("parent_id", UUID(as_uuid=True), nullable=False),
     Column("ended_as", Text, nullable=True),
+    # The parent's ending cancelled the child: a retry of the parent re-arms it (migration 0018).
+    Column("cancelled_child", Boolean, nullable=False, server_default=text("false")),
     PrimaryKeyConstraint("child_id", "parent_id", name="job_dependencies_pkey"),
     CheckConstraint(
         "ended_as IN ('completed', 'failed', 'cancelled', 'deleted')",
