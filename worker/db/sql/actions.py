@@ -87,11 +87,13 @@ FROM worker.job_stages WHERE job_id = %(id)s ORDER BY status = 'waiting', starte
 # with their job (the trigger `jobs_deleted`). The fixed status list keeps live jobs out
 # whatever the caller passes, and matches the partial index jobs_finished_idx; SKIP LOCKED lets
 # two pruners (or an operator retrying a failed job) pass each other instead of waiting.
+# `worker.history_kept` (migration 0018) keeps a workflow's jobs until all of them have ended,
+# and a job until every job waiting for it has ended.
 PRUNE_BATCH = """
 WITH doomed AS (
-    SELECT id FROM worker.jobs
+    SELECT id FROM worker.jobs AS j
     WHERE status = ANY(%(statuses)s::text[]) AND finished_at < %(before)s
-      AND status IN ('completed', 'failed', 'cancelled')
+      AND status IN ('completed', 'failed', 'cancelled') AND NOT worker.history_kept(j)
     ORDER BY finished_at
     LIMIT %(batch)s
     FOR UPDATE SKIP LOCKED
