@@ -162,7 +162,7 @@ class Context:
             created_at=datetime.now(UTC),
         )
 
-    @property
+    @functools.cached_property
     def parents(self) -> list[ParentResult]:
         """The parents of this job of a workflow, each with how it ended and its result, in
         the order they were added to the graph (empty for a job with none)."""
@@ -171,16 +171,26 @@ class Context:
             for p in self.job.parents or ()
         ]
 
+    @functools.cached_property
+    def _parents_by_name(self) -> dict[str, ParentResult]:
+        # Built once: a fan-in reads each of thousands of parents by name.
+        named: dict[str, ParentResult] = {}
+        for parent in self.parents:
+            named.setdefault(parent.job_id, parent)
+            if parent.node is not None:
+                named.setdefault(parent.node, parent)
+        return named
+
     def result_of(self, node: Any) -> JSON:
         """The result of the parent named `node` (or the `Node` that `Workflow.add` returned);
         `LookupError` if no parent has that name, or if that parent did not complete."""
         name = getattr(node, "name", node)
-        for parent in self.parents:
-            if name in (parent.node, parent.job_id):
-                if parent.status != "completed":
-                    raise LookupError(f"parent {name} ended {parent.status}: it has no result")
-                return parent.result
-        raise LookupError(f"{name!r} is not a parent of job {self.job_id}")
+        parent = self._parents_by_name.get(name) if isinstance(name, str) else None
+        if parent is None:
+            raise LookupError(f"{name!r} is not a parent of job {self.job_id}")
+        if parent.status != "completed":
+            raise LookupError(f"parent {name} ended {parent.status}: it has no result")
+        return parent.result
 
     def snooze(self, seconds: float) -> None:
         """Give the slot back and run this stage again in `seconds` (not counted as a retry)."""

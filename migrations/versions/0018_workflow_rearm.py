@@ -96,10 +96,11 @@ BEGIN
                         FILTER (WHERE ended_as <> 'completed'))[1] AS bad_outcome
             FROM marked GROUP BY child_id
         ), locked AS (
-            SELECT j.id FROM worker.jobs AS j
-            WHERE j.id = ANY(ARRAY(SELECT child_id FROM per_child)) AND j.status = 'held'
+            SELECT j.id, c.n, c.bad_parent, c.bad_outcome
+            FROM per_child AS c JOIN worker.jobs AS j ON j.id = c.child_id
+            WHERE j.status = 'held'
             ORDER BY j.id
-            FOR NO KEY UPDATE
+            FOR NO KEY UPDATE OF j
         ), released AS (
             UPDATE worker.jobs AS j SET
                 waiting_on = greatest(j.waiting_on - c.n, 0),
@@ -115,8 +116,8 @@ BEGIN
                     WHEN c.bad_parent IS NOT NULL AND j.on_parent_failure = 'cancel'
                     THEN worker.parent_ending_error(c.bad_parent, c.bad_outcome)
                     ELSE j.error END
-            FROM per_child AS c JOIN locked ON locked.id = c.child_id
-            WHERE j.id = locked.id AND j.status = 'held'
+            FROM locked AS c
+            WHERE j.id = c.id AND j.status = 'held'
             RETURNING j.id, j.status, j.queue, c.bad_parent
         )
         -- count(...) evaluates the wake-ups for every row: sent at commit, as the rows show.
@@ -179,22 +180,22 @@ BEGIN
             SELECT t.child, bool_or(t.rearm) AS rearm
             FROM unnest(children, rearm) AS t(child, rearm) GROUP BY t.child
         ), locked AS (
-            SELECT j.id, j.status FROM worker.jobs AS j
-            WHERE j.id = ANY(ARRAY(SELECT child FROM touched))
-              AND j.status IN ('held', 'cancelled')
+            SELECT j.id, j.status, t.rearm
+            FROM touched AS t JOIN worker.jobs AS j ON j.id = t.child
+            WHERE j.status IN ('held', 'cancelled')
             ORDER BY j.id
-            FOR NO KEY UPDATE
+            FOR NO KEY UPDATE OF j
         ), judged AS (
             SELECT l.id, l.status AS was, bad.parent_id AS bad_parent, bad.ended_as AS bad_outcome,
                    (SELECT count(*)::integer FROM worker.job_dependencies AS d
                     WHERE d.child_id = l.id AND d.ended_as IS NULL) AS waiting
-            FROM locked AS l JOIN touched AS t ON t.child = l.id
+            FROM locked AS l
             LEFT JOIN LATERAL (
                 SELECT d.parent_id, d.ended_as FROM worker.job_dependencies AS d
                 WHERE d.child_id = l.id AND d.ended_as <> 'completed'
                 ORDER BY d.parent_id LIMIT 1
             ) AS bad ON true
-            WHERE l.status = 'held' OR t.rearm
+            WHERE l.status = 'held' OR l.rearm
         ), changed_jobs AS (
             UPDATE worker.jobs AS j SET
                 waiting_on = g.waiting,
