@@ -45,6 +45,7 @@ LEGAL_TRANSITIONS = {
     (None, "held"),  # a workflow's job with parents (migration 0014)
     ("held", "pending"),  # its last parent ended
     ("held", "cancelled"),  # a parent failed (policy cancel), or a cancel
+    ("cancelled", "held"),  # the parent that cancelled it was retried (migration 0018)
 }
 
 AUDIT = """
