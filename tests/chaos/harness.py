@@ -48,6 +48,8 @@ LEGAL_TRANSITIONS = {
     ("cancelled", "held"),  # the parent that cancelled it was retried (migration 0018)
 }
 
+# The audit sets its own search_path: the product's functions that write jobs (a workflow's
+# enqueue, a parent's release of its children) run with theirs set to pg_catalog.
 AUDIT = """
 CREATE TABLE IF NOT EXISTS chaos_effects (
     job uuid NOT NULL, kind text NOT NULL, attempt int, pid int, value float8,
@@ -58,7 +60,8 @@ CREATE TABLE IF NOT EXISTS chaos_transitions (
     job uuid NOT NULL, old text, new text NOT NULL,
     at timestamptz NOT NULL DEFAULT clock_timestamp()
 );
-CREATE OR REPLACE FUNCTION chaos_audit() RETURNS trigger LANGUAGE plpgsql AS $$
+CREATE OR REPLACE FUNCTION chaos_audit() RETURNS trigger LANGUAGE plpgsql
+SET search_path = public AS $$
 BEGIN
     IF TG_OP = 'INSERT' THEN
         INSERT INTO chaos_transitions (job, old, new) SELECT id, NULL, status FROM new_rows;

@@ -151,6 +151,11 @@ def test_primary_crash_and_promotion_lose_no_acknowledged_job(replicated, fleet)
         pair.kill_primary()
         killed_at = time.monotonic()
         before = finished_count(pair.standby_url)  # the standby stays readable meanwhile
+        (workflow_left,) = query(
+            pair.standby_url,
+            "SELECT count(*) FROM worker.jobs WHERE workflow_id = %s AND status <> 'completed'",
+            (workflow.id,),
+        )[0]
         time.sleep(read_only_for)
         pair.promote()
         promoted_at = time.monotonic()
@@ -189,6 +194,7 @@ def test_primary_crash_and_promotion_lose_no_acknowledged_job(replicated, fleet)
     report = verify(pair.standby_url, "failover", time.monotonic() - started)
 
     # The workflow's jobs are among those `verify` found completed, each after its parents.
+    assert workflow_left > 0, "the workflow had ended before the primary died"
     assert len(workflow.jobs) == CHAIN + 2
     assert started_before_its_parents_ended(pair.standby_url, workflow) == []
 
