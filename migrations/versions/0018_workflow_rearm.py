@@ -54,6 +54,7 @@ INDEX = (
     "WHERE workflow_id IS NOT NULL AND status IN ('pending', 'processing', 'paused', 'held')"
 )
 
+# The error of a child its parent's ending cancelled: one wording for both functions below.
 PARENT_ENDING_ERROR = """
 CREATE FUNCTION worker.parent_ending_error(parent uuid, outcome text) RETURNS text
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
