@@ -20,8 +20,7 @@ rows it is shown are already being settled.
 
 A deleted job whose workflow has no job left takes the workflow's row with it, freeing its key.
 `worker.history_kept()` says which finished jobs retention keeps: every job of a workflow
-with a job not ended, and every job that a job not ended waits for. It is a one-expression
-SQL function, inlined into the statements of retention, like 0015's.
+with a job not ended, and every job that a job not ended waits for.
 """
 
 import importlib.util
@@ -288,10 +287,13 @@ END $$
 
 # What retention keeps of the finished jobs: a job of a workflow while any job of that workflow
 # has not ended (its children read its result, an operator reads the graph whole), and a job
-# while a job that waits for it has not ended (a child enqueued with `depends_on`).
+# while a job that waits for it has not ended (a child enqueued with `depends_on`). Its
+# subqueries keep it from being inlined; its high cost steers the planner of a prune batch to
+# read jobs_finished_idx in order and stop at the batch's size, calling it for as few rows as
+# it can instead of for every finished job.
 HISTORY_KEPT = f"""
 CREATE FUNCTION worker.history_kept(j worker.jobs) RETURNS boolean
-LANGUAGE sql STABLE PARALLEL SAFE AS $$
+LANGUAGE sql STABLE PARALLEL SAFE COST 1000 AS $$
 SELECT (j.workflow_id IS NOT NULL
         AND EXISTS (SELECT FROM worker.jobs AS w
                     WHERE w.workflow_id = j.workflow_id
