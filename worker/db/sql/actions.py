@@ -43,7 +43,9 @@ RETURNING id, pg_notify('worker_jobs', queue) IS NULL AS _
 # Its stage rows are renumbered to attempt 0 in the same statement, because attempts count
 # from 1 again and the stage runner tells an owed cleanup by attempt number (nothing is owed
 # here: a job only becomes failed or cancelled once its cleanup ran).
-# A job whose unique key another live job holds stays as it is (`jobs_unique_key_idx`).
+# A job whose unique key another live job holds stays as it is (`jobs_unique_key_idx`). A job
+# of a workflow re-arms the descendants its ending cancelled: the trigger `jobs_ended` does it
+# in this statement (migration 0018), for this statement and every other that retries.
 RETRY = """
 WITH job AS (
     UPDATE worker.jobs AS j SET status = 'pending', retry_count = 0, run_at = now(),
