@@ -7,10 +7,12 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
+import psycopg
 import pytest
 from starlette.testclient import TestClient
 from support import Processes, query, wait_for
 from typer.testing import CliRunner
+from workflowtasks import GATE
 
 from worker import Client, Workflow, cli
 from worker.api import create_app
@@ -154,3 +156,37 @@ def test_a_held_finalizer_waits_again_for_a_retried_parent(database_url):
     # A retry in plain SQL: the database re-arms, whoever moves the job.
     query(database_url, "UPDATE worker.jobs SET status = 'pending' WHERE id = %s", (ids["failed"],))
     assert query(database_url, waiting, (ids["clean_up"],)) == [(2, "held")]
+
+
+def test_a_retry_racing_another_parent_s_outcome_leaves_no_child_held(
+    env, database_url, processes: Processes
+):
+    """Each child waits for a failed parent, retried, and a running one, let go at the same
+    moment: whichever commits first, the child counts the other and runs once."""
+    client = Client(database_url)
+    processes.worker(env, "workflowtasks", extra={"WORKER_CONCURRENCY": "30"})
+    rounds: list[dict[str, str]] = []
+    with psycopg.connect(database_url, autocommit=True) as lock:
+        lock.execute("SELECT pg_advisory_lock(%s)", (GATE,))
+        for _ in range(20):
+            wf = Workflow("raced retry")
+            failed = wf.add("flaky", {"n": 1}, name="failed", max_retries=0)
+            running = wf.add("part", {"n": 2, "gate": True}, name="running")
+            wf.add("fan_in", {}, name="child", after=[failed, running])
+            handle = wf.enqueue(client=client)
+            rounds.append({name: job.job_id for name, job in handle.jobs.items()})
+        waiting = (
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objid = %s "
+            "AND NOT granted"
+        )
+        wait_for(lambda: query(database_url, waiting, (GATE,))[0][0] == 20, message="at the gate")
+        for ids in rounds:
+            _wait_status(database_url, ids["child"], "cancelled")
+            _fix(database_url, ids["failed"])
+        lock.execute("SELECT pg_advisory_unlock(%s)", (GATE,))
+        for ids in rounds:  # while the running parents' outcomes are being written
+            client.retry(ids["failed"])
+    for ids in rounds:
+        _wait_status(database_url, ids["child"], "completed")
+        assert _runs(database_url, ids["child"]) == ["ran:0"]
+    assert query(database_url, "SELECT count(*) FROM worker.held_jobs")[0][0] == 0

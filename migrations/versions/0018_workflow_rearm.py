@@ -96,9 +96,12 @@ BEGIN
                         FILTER (WHERE ended_as <> 'completed'))[1] AS bad_outcome
             FROM marked GROUP BY child_id
         ), locked AS (
-            SELECT j.id, c.n, c.bad_parent, c.bad_outcome
+            -- A cancelled child is locked too: a retry re-arming it waits for this outcome,
+            -- or this outcome waits for the re-arm and reads the child held (the lock returns
+            -- the row as committed, the statement's snapshot may not).
+            SELECT j.id, j.status, c.n, c.bad_parent, c.bad_outcome
             FROM per_child AS c JOIN worker.jobs AS j ON j.id = c.child_id
-            WHERE j.status = 'held'
+            WHERE j.status IN ('held', 'cancelled')
             ORDER BY j.id
             FOR NO KEY UPDATE OF j
         ), released AS (
@@ -117,7 +120,7 @@ BEGIN
                     THEN worker.parent_ending_error(c.bad_parent, c.bad_outcome)
                     ELSE j.error END
             FROM locked AS c
-            WHERE j.id = c.id AND j.status = 'held'
+            WHERE j.id = c.id AND c.status = 'held'
             RETURNING j.id, j.status, j.queue, c.bad_parent
         )
         -- count(...) evaluates the wake-ups for every row: sent at commit, as the rows show.
@@ -176,26 +179,28 @@ BEGIN
         SELECT array_agg(child_id), array_agg(cancelled_child) INTO children, rearm FROM reset;
         EXIT WHEN children IS NULL;
 
+        -- Locked first, then read in a statement of its own: its snapshot then holds every
+        -- other parent's outcome committed before the lock was granted, and an outcome still
+        -- to commit waits for this lock (`worker.parents_ended()` locks cancelled children).
+        PERFORM FROM worker.jobs AS j
+        WHERE j.id = ANY(children) AND j.status IN ('held', 'cancelled')
+        ORDER BY j.id
+        FOR NO KEY UPDATE;
+
         WITH touched AS (
             SELECT t.child, bool_or(t.rearm) AS rearm
             FROM unnest(children, rearm) AS t(child, rearm) GROUP BY t.child
-        ), locked AS (
-            SELECT j.id, j.status, t.rearm
-            FROM touched AS t JOIN worker.jobs AS j ON j.id = t.child
-            WHERE j.status IN ('held', 'cancelled')
-            ORDER BY j.id
-            FOR NO KEY UPDATE OF j
         ), judged AS (
-            SELECT l.id, l.status AS was, bad.parent_id AS bad_parent, bad.ended_as AS bad_outcome,
+            SELECT j.id, j.status AS was, bad.parent_id AS bad_parent, bad.ended_as AS bad_outcome,
                    (SELECT count(*)::integer FROM worker.job_dependencies AS d
-                    WHERE d.child_id = l.id AND d.ended_as IS NULL) AS waiting
-            FROM locked AS l
+                    WHERE d.child_id = j.id AND d.ended_as IS NULL) AS waiting
+            FROM touched AS t JOIN worker.jobs AS j ON j.id = t.child
             LEFT JOIN LATERAL (
                 SELECT d.parent_id, d.ended_as FROM worker.job_dependencies AS d
-                WHERE d.child_id = l.id AND d.ended_as <> 'completed'
+                WHERE d.child_id = j.id AND d.ended_as <> 'completed'
                 ORDER BY d.parent_id LIMIT 1
             ) AS bad ON true
-            WHERE l.status = 'held' OR l.rearm
+            WHERE j.status = 'held' OR (j.status = 'cancelled' AND t.rearm)
         ), changed_jobs AS (
             UPDATE worker.jobs AS j SET
                 waiting_on = g.waiting,
