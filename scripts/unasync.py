@@ -19,7 +19,7 @@ FILES = [
     (
         "worker/client/_async.py",
         "worker/client/_sync.py",
-        "The blocking client, and the wait loop behind `Job.wait_sync`.\n\n"
+        "The blocking client.\n\n"
         "Generated from `worker.client._async`, the one implementation of both: see it for\n"
         "what they do, and edit it (then run `python scripts/unasync.py`), not this file.\n",
     ),
@@ -30,6 +30,20 @@ FILES = [
         "Generated from `worker.db.direct_async`, the one implementation: see it (and\n"
         "`worker.db.direct`) for what it does, and edit it (then run\n"
         "`python scripts/unasync.py`), not this file.\n",
+    ),
+    (
+        "worker/client/wait_async.py",
+        "worker/client/wait_sync.py",
+        "`wait_done`, the loop behind `Job.wait_sync`.\n\n"
+        "Generated from `worker.client.wait_async`, the one implementation: see it for what it\n"
+        "does, and edit it (then run `python scripts/unasync.py`), not this file.\n",
+    ),
+    (
+        "worker/db/client_async.py",
+        "worker/db/client_sync.py",
+        "`Database`: how the blocking client reaches PostgreSQL.\n\n"
+        "Generated from `worker.db.client_async`, the one implementation: see it for what it\n"
+        "does, and edit it (then run `python scripts/unasync.py`), not this file.\n",
     ),
 ]
 
@@ -43,13 +57,13 @@ SUBS = [
     (r"\bAsyncTarget\b", "SyncTarget"),
     (r"\bASYNC_TAKES\b", "SYNC_TAKES"),
     (
-        r"\bAsync(Client|Connection|Cursor|DirectWrites|Engine|First|Get|Session|Wake)\b",
+        r"\bAsync(Client|Connection|Cursor|Database|DirectWrites|Engine|First|Get|Session|Wake)\b",
         r"\1",
     ),
     (r"\basync_engine\b", "sync_engine"),
     (r"\baconnect\b", "connect"),
     (r"\bloop_owner\b", "no_owner"),
-    (r"\b(direct)_async\b", r"\1_sync"),
+    (r"\b(client|direct|wait)_async\b", r"\1_sync"),
     (r"\bworker\.client\._async\b", "worker.client._sync"),
     (r"\bThe asyncio client\b", "The blocking client"),
     (r"\bfor asyncio, the event loop that opened it\b", "for a blocking one, any thread"),

@@ -50,6 +50,8 @@ def test_schemathesis_with_every_check_finds_nothing_wrong_with_the_published_sp
     client = Client(database_url)
     client.enqueue("add", {"a": 1, "b": 2})
     client.cancel(client.enqueue("add", {"a": 2, "b": 3}).job_id)
+    # A workflow for `/workflows/{id}` to find: a batch and its callback.
+    client.enqueue_many([("add", {"a": 1, "b": 1})], on_complete="add")
     config = tmp_path / "schemathesis.toml"
     config.write_text(CONFIG)
     reports = tmp_path / "reports"
@@ -93,7 +95,8 @@ def test_schemathesis_with_every_check_finds_nothing_wrong_with_the_published_sp
     tested = {case.get("name") for case in cases}
     # Every operation of the spec was exercised, and the stateful sequences as well.
     assert {"POST /jobs", "GET /jobs/{id}/events", "POST /console/bulk", "Stateful tests"} <= tested
-    assert len(tested) == 23, tested  # the spec's 22 operations, and the stateful sequences
+    assert {"GET /workflows/{id}", "POST /workflows/{id}/cancel"} <= tested
+    assert len(tested) == 26, tested  # the spec's 25 operations, and the stateful sequences
     assert not [c for c in cases if c.find("failure") is not None or c.find("error") is not None]
     # The generated jobs reached the database: the run tested the API, not only its refusals.
     assert query(database_url, "SELECT count(*) FROM worker.jobs")[0][0] > 2

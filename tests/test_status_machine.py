@@ -37,7 +37,7 @@ from worker.db import sql
 from worker.db.records import json_records
 
 LEASE = 30.0
-OUTCOMES = ("completed", "paused", "retry", "failed", "cancelled", "snoozed")
+OUTCOMES = ("completed", "paused", "retry", "failed", "cancelled", "snoozed", "waiting")
 
 
 class JobLifecycle(RuleBasedStateMachine):

@@ -62,6 +62,9 @@ def test_each_parent_outcome_under_each_policy(env, database_url, processes, out
     parent = wf.add(task, {"n": 2}, name="parent", max_retries=0, delay=3600)
     cancels = wf.add("fan_in", {}, name="cancels", after=[other, parent])
     wf.add("finalize", {}, name="runs", after=[other, parent], on_parent_failure="run")
+    wf.add(
+        "finalize", {}, name="if_failed", after=[other, parent], on_parent_failure="run_if_failed"
+    )
     wf.add("fan_in", {}, name="grandchild", after=[cancels])
     handle = wf.enqueue(client=client)
     processes.worker(env, "workflowtasks")
@@ -79,6 +82,15 @@ def test_each_parent_outcome_under_each_policy(env, database_url, processes, out
     named = ids["parent"] if outcome == "deleted" else "parent"
     assert result == {"other": "completed", named: outcome}
     assert _runs(database_url, ids["runs"]) == ["finalized"]
+    if outcome == "completed":
+        assert _row(database_url, ids["if_failed"])[:2] == (
+            "cancelled",
+            "cancelled: not needed, every parent completed",
+        )
+        assert _runs(database_url, ids["if_failed"]) == []
+    else:
+        assert _row(database_url, ids["if_failed"]) == ("completed", None, result)
+        assert _runs(database_url, ids["if_failed"]) == ["finalized"]
     if outcome == "completed":
         assert _row(database_url, ids["cancels"])[:2] == ("completed", None)
         assert _row(database_url, ids["grandchild"])[0] == "completed"

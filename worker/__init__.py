@@ -16,6 +16,7 @@ __version__ = "0.5.0"
 
 from worker.client import (
     AsyncClient,
+    BatchJobs,
     Client,
     InvalidJob,
     InvalidTransition,
@@ -37,7 +38,7 @@ from worker.middleware import Middleware, add_middleware, remove_middleware
 from worker.models import JobEnding, JobStatus, Outcome, OutcomeKind, ProgressEvent
 from worker.retries import Backoff, Retry
 from worker.stages import ALL_DONE, ALL_SUCCESS, Pipeline, TriggerRule
-from worker.tasks import Context, JobCancelled, PauseForResolution, Task, task
+from worker.tasks import Context, JobCancelled, PauseForResolution, Task, WaitForChildren, task
 from worker.workflow import InvalidWorkflow, ParentFailure, Workflow, WorkflowHandle
 
 __all__ = [
@@ -45,6 +46,7 @@ __all__ = [
     "ALL_SUCCESS",
     "AsyncClient",
     "Backoff",
+    "BatchJobs",
     "Client",
     "Context",
     "InvalidJob",
@@ -70,6 +72,7 @@ __all__ = [
     "Retry",
     "Task",
     "TriggerRule",
+    "WaitForChildren",
     "Workflow",
     "WorkflowHandle",
     "add_middleware",

@@ -34,6 +34,17 @@ class JobStatus(StrEnum):
         return self in TERMINAL_STATUSES
 
 
+class ParentFailure(StrEnum):
+    """What a parent that failed for good, was cancelled or was deleted does to its child.
+    Stored as text in `worker.jobs.on_parent_failure`."""
+
+    CANCEL = "cancel"  # the child is cancelled, its error naming the parent
+    RUN = "run"  # the child runs anyway once every parent has ended (a finalizer)
+    # The child waits for every parent, then runs only if one of them did not complete; if all
+    # completed it is cancelled as not needed (a batch's `on_failure`, migration 0016).
+    RUN_IF_FAILED = "run_if_failed"
+
+
 class StageStatus(StrEnum):
     """Where one stage (or cleanup) of a pipeline job is. Stored in `worker.job_stages.status`."""
 
@@ -111,6 +122,7 @@ class OutcomeKind(StrEnum):
     CANCELLED = "cancelled"
     PAUSED = "paused"
     SNOOZED = "snoozed"  # pending again after a delay, not counted as a retry
+    WAITING = "waiting"  # held until the children it spawned have ended (migration 0017)
 
 
 class JobEnding(StrEnum):
@@ -184,11 +196,37 @@ class StageEnd:
 
 
 @dataclass(frozen=True)
+class ParentCounts:
+    """How a job's parents ended, counted (`ctx.parent_counts`): a batch callback's summary.
+
+    >>> ParentCounts(completed=98, failed=1, cancelled=1).total
+    100
+    """
+
+    completed: int = 0
+    failed: int = 0  # failed for good, retries spent
+    cancelled: int = 0
+    deleted: int = 0  # deleted before it ended
+
+    @property
+    def total(self) -> int:
+        return self.completed + self.failed + self.cancelled + self.deleted
+
+
+@dataclass(frozen=True)
 class ParentResult:
-    """A parent of a workflow's job, as the job's claim read it: `ctx.parents`."""
+    """A parent of a workflow's job, as the job's claim read it: `ctx.parents`; or a child
+    the job spawned, which it waits on as on a parent: `ctx.children`."""
 
     node: str | None  # its name in the workflow (None: outside it, or its row deleted)
     job_id: str
     task: str | None  # None once the parent's row was deleted
     status: str  # completed, failed or cancelled; `deleted` once its row is gone
     result: JSON = None  # its result, if it completed
+    key: str | None = None  # a spawned child's key (None: a parent)
+
+    @classmethod
+    def read(cls, row: dict[str, JSON]) -> ParentResult:
+        """One entry of `worker.parent_results`, as the claim read it."""
+        node, task, key = row.get("node"), row.get("task"), row.get("key")
+        return cls(node, str(row["id"]), task, row["status"], row.get("result"), key)

@@ -75,6 +75,8 @@ jobs = Table(
     Column("node", Text, nullable=True),
     Column("waiting_on", Integer, nullable=False, server_default=text("0")),
     Column("on_parent_failure", Text, nullable=False, server_default=text("'cancel'")),
+    # How many of its parents ended without completing, for `run_if_failed` (migration 0016).
+    Column("failed_parents", Integer, nullable=False, server_default=text("0")),
     CheckConstraint(f"status IN ({_status_list})", name="jobs_status_valid"),
     CheckConstraint(
         f"char_length(task) BETWEEN 1 AND {MAX_TASK_NAME}", name="jobs_task_name_length"
@@ -117,7 +119,11 @@ jobs = Table(
         postgresql_where=text("status = 'processing' AND concurrency_key IS NOT NULL"),
     ),
     CheckConstraint("waiting_on >= 0", name="jobs_waiting_on_positive"),
-    CheckConstraint("on_parent_failure IN ('cancel', 'run')", name="jobs_on_parent_failure_valid"),
+    CheckConstraint(
+        "on_parent_failure IN ('cancel', 'run', 'run_if_failed')",
+        name="jobs_on_parent_failure_valid",
+    ),
+    CheckConstraint("failed_parents >= 0", name="jobs_failed_parents_positive"),
     CheckConstraint("char_length(node) BETWEEN 1 AND 255", name="jobs_node_length"),
     Index("jobs_workflow_idx", "workflow_id", postgresql_where=text("workflow_id IS NOT NULL")),
     Index("jobs_held_idx", "queue", postgresql_where=text("status = 'held'")),
@@ -285,12 +291,19 @@ job_dependencies = Table(
     Column("child_id", UUID(as_uuid=True), nullable=False),
     Column("parent_id", UUID(as_uuid=True), nullable=False),
     Column("ended_as", Text, nullable=True),
+    # A child spawned by a running job: its key, and its place among the spawner's children
+    # (both NULL on a parent declared in a graph; migration 0017).
+    Column("spawn_key", Text, nullable=True),
+    Column("spawn_order", Integer, nullable=True),
     # The parent's ending cancelled the child: a retry of the parent re-arms it (migration 0018).
     Column("cancelled_child", Boolean, nullable=False, server_default=text("false")),
     PrimaryKeyConstraint("child_id", "parent_id", name="job_dependencies_pkey"),
     CheckConstraint(
         "ended_as IN ('completed', 'failed', 'cancelled', 'deleted')",
         name="job_dependencies_ended_as_valid",
+    ),
+    CheckConstraint(
+        "(spawn_key IS NULL) = (spawn_order IS NULL)", name="job_dependencies_spawned_whole"
     ),
     Index("job_dependencies_parent_idx", "parent_id"),
 )

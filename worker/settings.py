@@ -14,13 +14,11 @@ from functools import lru_cache
 from typing import Annotated, Literal
 from urllib.parse import urlsplit
 
-import psycopg
-from psycopg.conninfo import conninfo_to_dict
 from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from pydantic_settings import SettingsError as _SourceError
 
-from worker.urls import bad_port
+from worker.urls import bad_port, libpq_problem
 
 
 class SettingsError(Exception):
@@ -93,15 +91,12 @@ class Settings(BaseSettings):
             raise ValueError("has a port that is not a number")
         if not parts.path.strip("/") and "host=" not in parts.query:
             raise ValueError("must name a database: postgresql://user:password@host:port/database")
-        try:
-            conninfo_to_dict(f"postgresql{value[len(parts.scheme) :]}")
-        except psycopg.ProgrammingError as exc:
-            # libpq's words quote the offending part, which may be the password: not shown.
-            what = "an unknown ?option" if "query parameter" in str(exc) else "a bad %-escape"
+        what = libpq_problem(value)
+        if what is not None:
             raise ValueError(
                 f"is not a URL libpq accepts ({what}; percent-encode special characters in "
                 "the user name and password)"
-            ) from None
+            )
         return value
 
     @model_validator(mode="after")

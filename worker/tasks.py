@@ -16,10 +16,11 @@ import functools
 import inspect
 import threading
 import typing
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, Unpack, overload
+from typing import TYPE_CHECKING, Any, Generic, NoReturn, Protocol, TypeVar, Unpack, overload
 
 from pydantic import BaseModel, ValidationError
 
@@ -34,6 +35,7 @@ from worker.models import (
     JobEnding,
     Outcome,
     OutcomeKind,
+    ParentCounts,
     ParentResult,
     ProgressEvent,
 )
@@ -91,6 +93,15 @@ class PauseForResolution(Exception):
         self.question = question
 
 
+class WaitForChildren(Exception):
+    """Raised by `Context.wait_for_children`: end this stage with `output`, and hold the job,
+    with no slot, until every child it spawned has ended; then its next stage runs."""
+
+    def __init__(self, output: JSON = None) -> None:
+        super().__init__("waiting for the children it spawned")
+        self.output = output
+
+
 @dataclass
 class Context:
     """What a running job (or stage) can see and do.
@@ -107,8 +118,7 @@ class Context:
     outputs: dict[str, JSON] = field(default_factory=dict)
     step: str = ""
     deadline: float | None = None  # time.monotonic() by which the job must finish
-    # In a pipeline's cleanup: what becomes of the job after the attempt it cleans up after.
-    # None elsewhere.
+    # In a pipeline's cleanup: what becomes of the job after the attempt (None elsewhere).
     ending: JobEnding | None = None
 
     @property
@@ -166,31 +176,61 @@ class Context:
     def parents(self) -> list[ParentResult]:
         """The parents of this job of a workflow, each with how it ended and its result, in
         the order they were added to the graph (empty for a job with none)."""
-        return [
-            ParentResult(p.get("node"), str(p["id"]), p.get("task"), p["status"], p.get("result"))
-            for p in self.job.parents or ()
-        ]
+        return [p for p in map(ParentResult.read, self.job.parents or ()) if p.key is None]
+
+    @property
+    def children(self) -> list[ParentResult]:
+        """The children this job spawned (`ctx.spawn`), each with its key, how it ended and its
+        result, in the order they were first spawned."""
+        return [p for p in map(ParentResult.read, self.job.parents or ()) if p.key is not None]
+
+    @property
+    def parent_counts(self) -> ParentCounts:
+        """How this job's parents ended, counted by outcome: what a batch's `on_complete` or
+        `on_failure` callback reads of its batch (all zero for a job with no parents)."""
+        ended = Counter(p.status for p in self.parents)
+        return ParentCounts(*(ended[s] for s in ("completed", "failed", "cancelled", "deleted")))
 
     @functools.cached_property
-    def _parents_by_name(self) -> dict[str, ParentResult]:
-        # Built once: a fan-in reads each of thousands of parents by name.
-        named: dict[str, ParentResult] = {}
-        for parent in self.parents:
-            named.setdefault(parent.job_id, parent)
-            if parent.node is not None:
-                named.setdefault(parent.node, parent)
-        return named
+    def _by_name(self) -> dict[str, ParentResult]:  # built once: a fan-in reads thousands
+        linked = reversed([*self.parents, *self.children])  # the first with a name wins
+        return {n: p for p in linked for n in (p.node, p.job_id, p.key) if n is not None}
 
     def result_of(self, node: Any) -> JSON:
-        """The result of the parent named `node` (or the `Node` that `Workflow.add` returned);
-        `LookupError` if no parent has that name, or if that parent did not complete."""
+        """The result of the parent named `node` (or its `Node`), or of the child spawned with
+        that key; `LookupError` if none has that name, or if it did not complete."""
         name = getattr(node, "name", node)
-        parent = self._parents_by_name.get(name) if isinstance(name, str) else None
+        parent = self._by_name.get(name) if isinstance(name, str) else None
         if parent is None:
-            raise LookupError(f"{name!r} is not a parent of job {self.job_id}")
+            raise LookupError(f"{name!r} is neither a parent nor a child of job {self.job_id}")
         if parent.status != "completed":
             raise LookupError(f"parent {name} ended {parent.status}: it has no result")
         return parent.result
+
+    def spawn(
+        self, task: Task[Any, Any] | str, payload: Any = None, *, key: str, **options: Any
+    ) -> Job:
+        """Enqueue a child of this job once per `key` (`worker.client.spawn`): spawned again, it
+        returns the first child (`duplicate` true). `options` are `enqueue`'s but `unique_key`."""
+        return self.spawn_many(task, {key: payload}, **options)[0]
+
+    def spawn_many(
+        self, task: Task[Any, Any] | str, payloads: Mapping[str, Any], **options: Any
+    ) -> list[Job]:
+        """`spawn` a child of `task` per key of `payloads`, in one statement; their handles.
+
+        >>> ctx.spawn_many(resize, {p: {"path": p} for p in paths})  # doctest: +SKIP
+        """
+        from worker.client.spawn import spawn_many
+
+        url = getattr(self.runtime, "url", None)  # the worker's database, if it runs on one
+        url = url if isinstance(url, str) else None
+        return spawn_many(url, self.job_id, task, payloads, options)
+
+    def wait_for_children(self, output: JSON = None) -> NoReturn:
+        """In a pipeline's stage: end the stage with `output` and give the slot back; the next
+        stage runs once every child spawned has ended, and reads them in `ctx.children`."""
+        raise WaitForChildren(output)
 
     def snooze(self, seconds: float) -> None:
         """Give the slot back and run this stage again in `seconds` (not counted as a retry)."""

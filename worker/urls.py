@@ -12,12 +12,31 @@ as the second.
 from __future__ import annotations
 
 import re
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 # scheme://[userinfo@]hosts[/path][?query]: the hosts part as libpq reads it.
 _NETLOC = re.compile(r"^(?P<head>[^:/?#]+://(?:[^@/?#]*@)?)(?P<hosts>[^/?#]*)(?P<tail>.*)$", re.S)
 # One host of the list: a name, an IPv4 address or a bracketed IPv6 one, then maybe a port.
 _HOST = re.compile(r"^(?P<host>\[[^\]]*\]|[^:\[\]]*)(?::(?P<port>.*))?$", re.S)
+# A %-escape libpq refuses: not two hex digits, or the NUL byte.
+_BAD_ESCAPE = re.compile(r"%(?![0-9A-Fa-f]{2})|%00")
+# The connection options libpq takes in a URL's query (its `conninfo` keywords, and `ssl`, which
+# it reads as `sslmode=require`); `tests/unit/test_settings.py` compares them with libpq's own.
+LIBPQ_OPTIONS = frozenset(
+    {
+        "application_name", "channel_binding", "client_encoding", "connect_timeout", "dbname",
+        "fallback_application_name", "gssdelegation", "gssencmode", "gsslib", "host",
+        "hostaddr", "keepalives", "keepalives_count", "keepalives_idle", "keepalives_interval",
+        "krbsrvname", "load_balance_hosts", "max_protocol_version", "min_protocol_version",
+        "oauth_client_id", "oauth_client_secret", "oauth_issuer", "oauth_scope", "options",
+        "passfile", "password", "port", "replication", "require_auth", "requirepeer",
+        "scram_client_key", "scram_server_key", "service", "ssl",
+        "ssl_max_protocol_version", "ssl_min_protocol_version", "sslcert", "sslcertmode",
+        "sslcompression", "sslcrl", "sslcrldir", "sslkey", "sslkeylogfile", "sslmode",
+        "sslnegotiation", "sslpassword", "sslrootcert", "sslsni", "target_session_attrs",
+        "tcp_user_timeout", "user",
+    }
+)  # fmt: skip
 
 
 def psycopg_url(url: str) -> str:
@@ -52,6 +71,24 @@ def bad_port(url: str) -> str | None:
     for port in ports:
         if port and not port.isdigit():
             return port
+    return None
+
+
+def libpq_problem(url: str) -> str | None:
+    """Why libpq would refuse the URL ("a bad %-escape", "an unknown ?option"), without
+    quoting it (the part may be the password); None when it takes it.
+
+    >>> libpq_problem("postgresql://app@db/app?sslmode=require")
+    >>> libpq_problem("postgresql://app@db/app?colour=blue")
+    'an unknown ?option'
+    """
+    if _BAD_ESCAPE.search(url):
+        return "a bad %-escape"
+    query = urlsplit(url).query
+    for option in query.split("&") if query else []:
+        name, equals, value = option.partition("=")
+        if not equals or "=" in value or unquote(name) not in LIBPQ_OPTIONS:
+            return "an unknown ?option"
     return None
 
 

@@ -1,7 +1,7 @@
 """workflows: a retried job re-arms the descendants its ending cancelled; settling at any depth
 
 Revision ID: 0018
-Revises: 0015
+Revises: 0017
 Create Date: 2026-12-06 03:00:00.000000
 
 Each edge now records whether its parent's ending cancelled the child (`cancelled_child`).
@@ -11,6 +11,24 @@ the children its ending cancelled: each goes back to `held`, waiting for every p
 ended, unless another parent's ending still cancels it (then that parent is named instead). A
 re-armed child re-arms its own descendants in turn. A child cancelled by hand or by another
 parent stays cancelled; a finalizer (`run`) already released or run is left as it is.
+
+Failed parents are counted as 0016 counts them (`failed_parents`, under the child's row lock):
+the rule below is 0016's, run a generation per pass. A child that still waits, or is re-armed,
+has both its counts re-read from its edges under its lock, `waiting_on` and `failed_parents`:
+the retried parent is no longer counted as failed, so a batch's `on_failure` (`run_if_failed`)
+decides on the outcome of the retry, not on the failure it replaced.
+
+A `run_if_failed` child cancelled "as not needed" is never re-armed. That cancellation is its
+decision, taken once every parent had ended, as a finalizer's release is, and not a parent's
+ending cancelling it: no edge of it is marked. Every one of its parents completed, and a retry
+takes only a failed or cancelled job, so only a completed parent moved back by hand in SQL
+reaches it; the batch's `on_complete`, released in the same transaction, does not run again
+either, so the pair stays as it was decided.
+
+A child spawned by a running job (0017) is a parent of its spawner like any other: a spawner
+cancelled by a failed child is re-armed by that child's retry, held until its children not
+ended have ended, then released to the stage after its wait, which reads the child as it ended
+the second time. A retry while the spawner still runs just makes that child's edge wait again.
 
 `worker.parents_ended()` and the new function settle a whole graph in a loop, a generation per
 pass, instead of through one nested trigger per generation: a chain deeper than the server's
@@ -30,7 +48,7 @@ from pathlib import Path
 from alembic import op
 
 revision: str = "0018"
-down_revision: str | None = "0015"
+down_revision: str | None = "0017"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
@@ -90,6 +108,7 @@ BEGIN
             RETURNING d.child_id, d.parent_id, d.ended_as
         ), per_child AS (
             SELECT child_id, count(*)::integer AS n,
+                   count(*) FILTER (WHERE ended_as <> 'completed')::integer AS bad,
                    (array_agg(parent_id ORDER BY parent_id)
                         FILTER (WHERE ended_as <> 'completed'))[1] AS bad_parent,
                    (array_agg(ended_as ORDER BY parent_id)
@@ -99,7 +118,7 @@ BEGIN
             -- A cancelled child is locked too: a retry re-arming it waits for this outcome,
             -- or this outcome waits for the re-arm and reads the child held (the lock returns
             -- the row as committed, the statement's snapshot may not).
-            SELECT j.id, j.status, c.n, c.bad_parent, c.bad_outcome
+            SELECT j.id, j.status, c.n, c.bad, c.bad_parent, c.bad_outcome
             FROM per_child AS c JOIN worker.jobs AS j ON j.id = c.child_id
             WHERE j.status IN ('held', 'cancelled')
             ORDER BY j.id
@@ -107,17 +126,25 @@ BEGIN
         ), released AS (
             UPDATE worker.jobs AS j SET
                 waiting_on = greatest(j.waiting_on - c.n, 0),
+                failed_parents = j.failed_parents + c.bad,
                 status = CASE
                     WHEN c.bad_parent IS NOT NULL AND j.on_parent_failure = 'cancel'
                     THEN 'cancelled'
-                    WHEN j.waiting_on - c.n <= 0 THEN 'pending'
-                    ELSE 'held' END,
+                    WHEN j.waiting_on - c.n > 0 THEN 'held'
+                    WHEN j.on_parent_failure = 'run_if_failed' AND j.failed_parents + c.bad = 0
+                    THEN 'cancelled'
+                    ELSE 'pending' END,
                 finished_at = CASE
                     WHEN c.bad_parent IS NOT NULL AND j.on_parent_failure = 'cancel' THEN now()
+                    WHEN j.waiting_on - c.n <= 0 AND j.on_parent_failure = 'run_if_failed'
+                         AND j.failed_parents + c.bad = 0 THEN now()
                     ELSE j.finished_at END,
                 error = CASE
                     WHEN c.bad_parent IS NOT NULL AND j.on_parent_failure = 'cancel'
                     THEN worker.parent_ending_error(c.bad_parent, c.bad_outcome)
+                    WHEN j.waiting_on - c.n <= 0 AND j.on_parent_failure = 'run_if_failed'
+                         AND j.failed_parents + c.bad = 0
+                    THEN 'cancelled: not needed, every parent completed'
                     ELSE j.error END
             FROM locked AS c
             WHERE j.id = c.id AND c.status = 'held'
@@ -192,9 +219,13 @@ BEGIN
             FROM unnest(children, rearm) AS t(child, rearm) GROUP BY t.child
         ), judged AS (
             SELECT j.id, j.status AS was, bad.parent_id AS bad_parent, bad.ended_as AS bad_outcome,
-                   (SELECT count(*)::integer FROM worker.job_dependencies AS d
-                    WHERE d.child_id = j.id AND d.ended_as IS NULL) AS waiting
+                   n.waiting, n.failed
             FROM touched AS t JOIN worker.jobs AS j ON j.id = t.child
+            CROSS JOIN LATERAL (
+                SELECT count(*) FILTER (WHERE d.ended_as IS NULL)::integer AS waiting,
+                       count(*) FILTER (WHERE d.ended_as <> 'completed')::integer AS failed
+                FROM worker.job_dependencies AS d WHERE d.child_id = j.id
+            ) AS n
             LEFT JOIN LATERAL (
                 SELECT d.parent_id, d.ended_as FROM worker.job_dependencies AS d
                 WHERE d.child_id = j.id AND d.ended_as <> 'completed'
@@ -204,6 +235,7 @@ BEGIN
         ), changed_jobs AS (
             UPDATE worker.jobs AS j SET
                 waiting_on = g.waiting,
+                failed_parents = g.failed,
                 status = CASE WHEN g.was = 'cancelled' AND g.bad_parent IS NOT NULL
                               THEN 'cancelled' ELSE 'held' END,
                 finished_at = CASE WHEN g.was = 'cancelled' AND g.bad_parent IS NOT NULL
@@ -336,8 +368,10 @@ def upgrade() -> None:
 def downgrade() -> None:
     before = _revision("0014_workflows.py")
     op.execute("DROP FUNCTION worker.history_kept(worker.jobs)")
-    for text in (before.JOBS_GONE_FUNCTION, before.JOBS_ENDED_FUNCTION, before.PARENTS_ENDED):
+    for text in (before.JOBS_GONE_FUNCTION, before.JOBS_ENDED_FUNCTION):
         op.execute(text.replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1))
+    # 0016's rule, as 0017 left it.
+    op.execute(_revision("0016_batch_callbacks.py").PARENTS_ENDED)
     op.execute("DROP FUNCTION worker.parents_retried(uuid[])")
     op.execute("DROP FUNCTION worker.parent_ending_error(uuid, text)")
     op.execute("DROP INDEX worker.jobs_live_workflow_idx")

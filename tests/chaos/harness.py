@@ -45,11 +45,12 @@ LEGAL_TRANSITIONS = {
     (None, "held"),  # a workflow's job with parents (migration 0014)
     ("held", "pending"),  # its last parent ended
     ("held", "cancelled"),  # a parent failed (policy cancel), or a cancel
+    ("processing", "held"),  # a stage waits for its children (migration 0017)
     ("cancelled", "held"),  # the parent that cancelled it was retried (migration 0018)
 }
 
-# The audit sets its own search_path: the product's functions that write jobs (a workflow's
-# enqueue, a parent's release of its children) run with theirs set to pg_catalog.
+# The audit also runs for writes made inside the schema's own functions, whose search path is
+# pinned: it keeps the one it was created with, where its table is.
 AUDIT = """
 CREATE TABLE IF NOT EXISTS chaos_effects (
     job uuid NOT NULL, kind text NOT NULL, attempt int, pid int, value float8,
@@ -61,7 +62,7 @@ CREATE TABLE IF NOT EXISTS chaos_transitions (
     at timestamptz NOT NULL DEFAULT clock_timestamp()
 );
 CREATE OR REPLACE FUNCTION chaos_audit() RETURNS trigger LANGUAGE plpgsql
-SET search_path = public AS $$
+SET search_path FROM CURRENT AS $$
 BEGIN
     IF TG_OP = 'INSERT' THEN
         INSERT INTO chaos_transitions (job, old, new) SELECT id, NULL, status FROM new_rows;

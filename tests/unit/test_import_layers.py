@@ -38,12 +38,11 @@ LAYERS = [
     {"cron", "ids", "schema", "models", "logs", "urls", "progress_bar"},
 ]
 
-# The imports allowed to close a circle, each with its reason. The `Job` handle reads, waits and
-# cancels through the client that made it (or the default one), and the clients make handles.
+# The imports allowed to close a circle, each with its reason. The `WorkflowHandle` reads, waits
+# and cancels through the client that made it, and the clients make handles.
 CIRCLE_ALLOWED = {
-    ("worker.client.job", "worker.client"),
-    ("worker.client.job", "worker.client._async"),
-    ("worker.client.job", "worker.client._sync"),
+    ("worker.client.workflows", "worker.client._async"),
+    ("worker.client.workflows", "worker.client._sync"),
 }
 
 Edge = tuple[str, str]

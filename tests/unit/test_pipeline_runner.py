@@ -19,7 +19,7 @@ from worker.encoding import NotStorable
 from worker.models import ClaimedJob, Outcome, OutcomeKind, StageStatus
 from worker.stages import MemoryRuntime, MemoryStageStore, Pipeline, run_attempt
 from worker.stages.endings import ENDINGS, Ended, Ending, StageDeadlineExceeded
-from worker.tasks import JobCancelled, PauseForResolution, Snooze
+from worker.tasks import JobCancelled, PauseForResolution, Snooze, WaitForChildren
 
 _names = itertools.count()
 
@@ -124,11 +124,13 @@ def pipeline(
 
 
 def test_every_way_a_stage_can_end_but_completing_has_one_rule():
-    assert set(ENDINGS) == set(Ending) - {Ending.COMPLETED}
+    # A wait for children is a completion too, written with the job's outcome.
+    assert set(ENDINGS) == set(Ending) - {Ending.COMPLETED, Ending.WAITING}
 
 
 def test_a_cancel_requested_during_a_snooze_or_a_pause_ends_the_stage_cancelled():
-    for raised in (Snooze(1.0), PauseForResolution("ok?"), JobCancelled("stop")):
+    waits = WaitForChildren({"parts": 2})
+    for raised in (Snooze(1.0), PauseForResolution("ok?"), JobCancelled("stop"), waits):
         assert Ended.raised("load", raised, cancelled=True).how is Ending.CANCELLED
     assert Ended.raised("load", Snooze(1.0), cancelled=False).how is Ending.SNOOZED
     assert Ended.raised("load", PauseForResolution("ok?"), cancelled=False).how is Ending.PAUSED
@@ -264,6 +266,36 @@ def test_a_snoozed_stage_keeps_its_first_start():
     assert last.error is not None and "not done 12.0 s after it first started" in last.error
     assert ran == ["wait", "wait", "tidy"]
     assert [s for s, status in job.events() if status == "started"] == ["wait", "tidy"]
+
+
+def test_a_stage_that_waits_for_its_children_is_completed_and_the_next_runs_after():
+    ran: list[str] = []
+    p = Pipeline(f"unit_waiter_{next(_names)}")
+
+    @p.stage
+    def split(ctx: Any) -> None:
+        ran.append("split")
+        ctx.wait_for_children({"parts": 2})
+
+    @p.stage
+    def gather(ctx: Any) -> Any:
+        ran.append("gather")
+        return ctx.outputs["split"]
+
+    @p.cleanup
+    def tidy(ctx: Any) -> None:
+        ran.append("tidy")
+
+    job = Job(p)
+    waiting = job.run()
+    assert waiting.kind is OutcomeKind.WAITING
+    # The stage's completion is written with the outcome, which also reports it.
+    assert job.statuses() == {"split": "completed"}
+    assert job.events()[-1] == ("split", "completed")
+    assert ran == ["split"]  # no cleanup: the attempt goes on once the children have ended
+    done = job.run()
+    assert (done.kind, done.result) == (OutcomeKind.COMPLETED, {"parts": 2})
+    assert ran == ["split", "gather", "tidy"]
 
 
 def test_a_snooze_or_a_pause_runs_no_cleanup_until_the_attempt_ends():

@@ -7,7 +7,9 @@ import logging
 import subprocess
 import sys
 
+import psycopg
 import pytest
+from psycopg import pq
 from psycopg.conninfo import conninfo_to_dict
 from pydantic import ValidationError
 from sqlalchemy.engine import make_url
@@ -149,6 +151,37 @@ def test_notifications_come_from_the_listen_url_or_not_at_all_behind_a_pooler(po
     assert listen_url(url) is None
     pooler_settings(DATABASE_POOLER="transaction", WORKER_LISTEN_URL=direct)
     assert listen_url(url) == direct
+
+
+def test_the_url_check_knows_every_option_libpq_takes_and_no_other():
+    libpq = {d.keyword.decode() for d in pq.Conninfo.get_defaults()}
+    assert urls.LIBPQ_OPTIONS - {"ssl"} == libpq
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        NETLOC_FORM,
+        QUERY_FORM,
+        "postgresql://app@db/app?sslmode=require&application_name=a%20b",
+        "postgresql://app@db/app?ssl=true",
+        "postgresql://app@db/app?colour=blue",
+        "postgresql://app@db/app?sslmode",
+        "postgresql://app@db/app?sslmode=a=b",
+        "postgresql://app:p%ZZ@db/app",
+        "postgresql://app:p%4@db/app",
+        "postgresql://app:p%00@db/app",
+        "postgresql://app:100%@db/app",
+    ],
+)
+def test_a_url_is_refused_at_start_exactly_when_libpq_would_refuse_it(url):
+    try:
+        conninfo_to_dict(url)
+    except psycopg.ProgrammingError:
+        accepted = False
+    else:
+        accepted = True
+    assert (urls.libpq_problem(url) is None) == accepted
 
 
 def test_the_examples_in_the_url_module_hold():

@@ -9,13 +9,14 @@ token, a `POST` is accepted only when addressed to a loopback host and, if it ca
 `Origin`, from a page of that same host: a web page elsewhere cannot change jobs through the
 browser of someone who runs the API locally. Errors are JSON (`{"error": "..."}`): 401/403
 for a missing or wrong token, 403 for a cross-site request or a database role that may not
-change jobs, 404 for an unknown job, 409 for an action the job's status does not allow, 413 for
-a body over the limit, 415 for a body that is not JSON, 422 for a bad body or parameter
-(naming it) or a value the database refuses, 503 while the database is unreachable.
+change jobs, 404 for an unknown job or workflow, 409 for an action the job's status does not
+allow, 413 for a body over the limit, 415 for a body that is not JSON, 422 for a bad body or
+parameter (naming it) or a value the database refuses, 503 while the database is unreachable.
 
 Here are the routes and their handlers; what every handler shares (the checks of a `POST`,
-the body read within bounds) is `worker.api.base`'s, a request's parameters are read by
-`worker.api.params`, errors become answers in `worker.api.errors`, reads are
+the body read within bounds) is `worker.api.base`'s, the console's routes are
+`worker.api.console`'s and the workflows' `worker.api.workflows`', a request's parameters
+are read by `worker.api.params`, errors become answers in `worker.api.errors`, reads are
 `worker.db.admin`'s operations and changes the client's. What this does not do: it runs no
 job, and it keeps no state of its own between requests but the client and the event bus.
 """
@@ -35,7 +36,7 @@ from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingR
 from starlette.routing import Route
 
 from worker import __version__
-from worker.api import console
+from worker.api import console, workflows
 from worker.api.base import ApiBase
 from worker.api.errors import UNAVAILABLE, error_response, exception_handlers, json_response
 from worker.api.openapi import build_spec
@@ -337,6 +338,7 @@ def create_app(url: str, token: str | None = None, *, bus: ProgressBus | None = 
         Route("/queues/{name}/resume", api.resume_queue, methods=["POST"]),
         Route("/queues/{name}/limit", api.limit_queue, methods=["POST"]),
         *console.routes(api),
+        *workflows.routes(api),
     ]
     app = Starlette(routes=routes, exception_handlers=exception_handlers(), lifespan=lifespan)
     app.state.api = api

@@ -12,10 +12,6 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-import psycopg
-import psycopg.errors
-import sqlalchemy.exc
-from psycopg_pool import PoolTimeout
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -23,20 +19,14 @@ from starlette.responses import JSONResponse, Response
 
 from worker.api.params import ApiError
 from worker.api.schemas import ErrorOut
+from worker.db.errors import CLASSIFIED, UNREACHABLE, Failure, failure
 from worker.logs import first_line
 
 log = logging.getLogger("worker.api")
 
-# Errors that mean "the database is not reachable right now", not "this request is wrong".
-UNAVAILABLE = (
-    psycopg.OperationalError,
-    psycopg.InterfaceError,
-    sqlalchemy.exc.OperationalError,
-    sqlalchemy.exc.InterfaceError,
-    sqlalchemy.exc.TimeoutError,
-    PoolTimeout,
-    OSError,
-)
+# Errors that mean "the database is not reachable right now", not "this request is wrong": the
+# edge does no other I/O, so an `OSError` is a socket to the database failing.
+UNAVAILABLE = (*UNREACHABLE, OSError)
 
 
 def json_response(model: BaseModel, status: int = 200) -> JSONResponse:
@@ -76,7 +66,7 @@ async def _unavailable(request: Request, exc: Exception) -> Response:
 
 
 async def _bad_data(request: Request, exc: Exception) -> Response:
-    # A value the database (or psycopg on its way there or back) refuses: NUL in text, a number
+    # A value the database (or its driver on the way there or back) refuses: NUL in text, a number
     # or a time out of its column's range. The statement failed, so nothing was written.
     log.info("%s %s refused by the database: %s", request.method, request.url.path, first_line(exc))
     return error_response(422, f"invalid value, refused by the database: {first_line(exc)}")
@@ -91,13 +81,29 @@ async def _not_permitted(request: Request, exc: Exception) -> Response:
     )
 
 
-async def _programming(request: Request, exc: Exception) -> Response:
-    if isinstance(getattr(exc, "orig", None), psycopg.errors.InsufficientPrivilege):
-        return await _not_permitted(request, exc)
-    if "does not exist" in str(exc):
-        return error_response(503, "the worker schema is missing: run `worker migrate`")
+async def _no_schema(request: Request, exc: Exception) -> Response:
+    return error_response(503, "the worker schema is missing: run `worker migrate`")
+
+
+async def _refused(request: Request, exc: Exception) -> Response:
     log.exception("request %s %s failed", request.method, request.url.path, exc_info=exc)
     return error_response(500, "internal error (see the server log)")
+
+
+# The answer to each kind of database failure.
+_ANSWERS = {
+    Failure.UNAVAILABLE: _unavailable,
+    Failure.VALUE_REFUSED: _bad_data,
+    Failure.NOT_PERMITTED: _not_permitted,
+    Failure.NO_SCHEMA: _no_schema,
+    Failure.STATEMENT_REFUSED: _refused,
+}
+
+
+async def _database_failure(request: Request, exc: Exception) -> Response:
+    kind = failure(exc)
+    assert kind is not None  # registered for the classified errors alone
+    return await _ANSWERS[kind](request, exc)
 
 
 def exception_handlers() -> dict[Any, Any]:
@@ -105,10 +111,6 @@ def exception_handlers() -> dict[Any, Any]:
     return {
         ApiError: _api_error,
         HTTPException: _http_error,
-        sqlalchemy.exc.ProgrammingError: _programming,
-        psycopg.ProgrammingError: _programming,
-        psycopg.errors.InsufficientPrivilege: _not_permitted,
-        sqlalchemy.exc.DataError: _bad_data,
-        psycopg.DataError: _bad_data,
-        **dict.fromkeys(UNAVAILABLE, _unavailable),
+        OSError: _unavailable,
+        **dict.fromkeys(CLASSIFIED, _database_failure),
     }

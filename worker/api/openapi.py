@@ -42,6 +42,7 @@ from worker.api.schemas import (
     Window,
     WorkerList,
 )
+from worker.api.workflows import WorkflowCancelOut, WorkflowList, WorkflowOut
 from worker.db.console import BulkVerb, Tab
 from worker.models import ProgressEvent
 from worker.schema import STATUSES
@@ -268,6 +269,31 @@ OPERATIONS = [
         "Set the queue's concurrency (across workers) and rate limits; those left out are lifted",
         body=LimitBody,
         body_required=False,
+    ),
+    Operation(
+        "get",
+        "/workflows",
+        "Workflows, newest first, each with its jobs counted by status",
+        WorkflowList,
+        parameters=[_LIMIT],
+        errors={422: "A bad limit.", **_UNAVAILABLE},
+    ),
+    Operation(
+        "get",
+        "/workflows/{id}",
+        "One workflow with its jobs and the edges between them",
+        WorkflowOut,
+        parameters=[_JOB_ID],
+        errors={404: "No such workflow.", **_UNAVAILABLE},
+    ),
+    Operation(
+        "post",
+        "/workflows/{id}/cancel",
+        "Cancel a workflow's jobs not ended, but those its parents' outcomes settle",
+        WorkflowCancelOut,
+        parameters=[_JOB_ID],
+        errors={404: "No such workflow.", **_UNAVAILABLE},
+        mutates=True,
     ),
     Operation(
         "get",

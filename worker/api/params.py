@@ -81,13 +81,13 @@ def body_as(model: type[M], body: dict[str, Any]) -> M:
         raise ApiError(422, "invalid body: nested too deeply") from None
 
 
-def path_job_id(request: Request) -> str:
-    """The job id of the request's path, in its canonical form."""
+def path_job_id(request: Request, what: str = "job") -> str:
+    """The id of the request's path (a job's, or a `what`'s), in its canonical form."""
     raw = request.path_params["id"]
     canonical = job_id_text(raw)
     if canonical is None:
-        # Not a job id at all: as unknown as any other.
-        raise ApiError(404, f"no job {raw}")
+        # Not an id at all: as unknown as any other.
+        raise ApiError(404, f"no {what} {raw}")
     return canonical
 
 

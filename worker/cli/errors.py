@@ -17,6 +17,7 @@ import typer
 from rich.markup import escape
 
 from worker.cli.output import err
+from worker.db.errors import CLASSIFIED, Failure, failure
 from worker.logs import first_line
 from worker.settings import SettingsError
 
@@ -37,14 +38,20 @@ def fail(message: str, code: int = 1) -> typer.Exit:
     return typer.Exit(code)
 
 
+# The line each kind of database failure prints: the error's first line fills the braces.
+_FAILURES = {
+    Failure.UNAVAILABLE: "cannot reach the database: {}",
+    Failure.VALUE_REFUSED: "the database refused a value: {}",
+    Failure.NOT_PERMITTED: "the database role may not do this: {}",
+    Failure.NO_SCHEMA: "the worker schema is missing: run `worker migrate` first",
+}
+
+
 def friendly(fn: F) -> F:
     """Turn every expected failure into one red line instead of a traceback."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        import psycopg
-        import sqlalchemy.exc
-
         from worker.client import InvalidJob, InvalidTransition, JobNotFound
         from worker.db.embedded import EmbeddedServerError
         from worker.logs import scrub
@@ -61,16 +68,10 @@ def friendly(fn: F) -> F:
             raise fail(scrub(str(exc)), 2) from None
         except OverflowError as exc:  # a date or duration past what can be represented
             raise fail(f"out of range: {exc}", 2) from None
-        except (psycopg.OperationalError, sqlalchemy.exc.OperationalError) as exc:
-            raise fail(f"cannot reach the database: {first_line(exc)}") from None
-        except (psycopg.DataError, sqlalchemy.exc.DataError) as exc:
-            raise fail(f"the database refused a value: {first_line(exc)}") from None
-        except (psycopg.ProgrammingError, sqlalchemy.exc.ProgrammingError) as exc:
-            cause = getattr(exc, "orig", None) or exc
-            if isinstance(cause, psycopg.errors.InsufficientPrivilege):
-                raise fail(f"the database role may not do this: {first_line(exc)}") from None
-            if isinstance(cause, psycopg.errors.UndefinedTable | psycopg.errors.InvalidSchemaName):
-                raise fail("the worker schema is missing: run `worker migrate` first") from None
-            raise
+        except CLASSIFIED as exc:
+            kind = failure(exc)
+            if kind is None or kind is Failure.STATEMENT_REFUSED:
+                raise  # a statement of ours the database refuses: a defect to report
+            raise fail(_FAILURES[kind].format(first_line(exc))) from None
 
     return wrapper  # type: ignore[return-value]

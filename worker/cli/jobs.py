@@ -31,10 +31,10 @@ from worker.cli.output import (
     summary,
 )
 from worker.cli.session import ask, client, settings
+from worker.client.workflows import waiting_for
 from worker.db import admin
 from worker.models import JobStatus
 from worker.progress_bar import progress_bar
-from worker.workflow.handle import waiting_for
 
 BATCH = 1000  # rows per statement in bulk retry and prune: short locks, steady progress
 MAX_PAGE = 10**12  # a page past it would skip more rows than a bigint OFFSET counts

@@ -18,8 +18,8 @@ from worker.cli.errors import fail
 from worker.cli.options import AsJson
 from worker.cli.output import ago, emit_json, out, styled
 from worker.cli.session import client
+from worker.client.workflows import WorkflowHandle, WorkflowNotFound, list_workflows
 from worker.models import JobStatus
-from worker.workflow.handle import WorkflowHandle, WorkflowNotFound, list_workflows
 
 # The statuses a workflow's counts are shown in, in the order a job passes through them.
 SHOWN = (

@@ -10,8 +10,9 @@ Two clients with the same verbs: `Client` (blocking, for scripts and web handler
     print(job.wait_sync(timeout=30))
 
 The parts: `validation` (what a job must be), `job` (the handle), `waiting` (who is woken
-when a job finishes), `targets` (what `connection=` takes), `_async` (the asyncio client and
-wait loop, written once) and `_sync` (their blocking twin, generated from `_async`), `errors`.
+when a job finishes), `_async` (the asyncio client and wait loop, written once) and `_sync`
+(their blocking twin, generated from `_async`), `errors`; the clients reach the database through
+`worker.db.client_async` (and its twin), which also runs a caller's transaction (`connection=`).
 This module holds the public names and the default client; it does not run jobs (that is
 `worker.daemon`).
 """
@@ -20,11 +21,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from datetime import timedelta
-from typing import Any
+from typing import Any, overload
 from uuid import UUID
 
+from worker.client import job
 from worker.client._async import AsyncClient
 from worker.client._sync import Client
+from worker.client.batches import MAX_BATCH_JOBS, BatchJobs, Callback
 from worker.client.errors import InvalidJob, InvalidTransition, JobNotFound
 from worker.client.job import Job, JobCancelledError, JobError, JobFailed
 from worker.client.queues import QueueState
@@ -42,6 +45,7 @@ from worker.client.waiting import (
     LISTENER_NAME,
     WAIT_RECHECK_SECONDS,
 )
+from worker.db.targets import SyncTarget
 from worker.ids import new_job_id, new_job_ids
 from worker.models import JSON, TERMINAL_STATUSES, JobStatus
 
@@ -49,11 +53,13 @@ __all__ = [
     "LISTENER_NAME",
     "LISTEN_LINGER_SECONDS",
     "LISTEN_READY_SECONDS",
+    "MAX_BATCH_JOBS",
     "MAX_DELAY",
     "MAX_RETRIES_LIMIT",
     "RUN_AT_YEARS",
     "WAIT_RECHECK_SECONDS",
     "AsyncClient",
+    "BatchJobs",
     "Client",
     "InvalidJob",
     "InvalidTransition",
@@ -88,6 +94,11 @@ def default_client() -> Client:
     return _default
 
 
+# A handle imports no client: it is given the blocking ones it makes on demand.
+job.CLIENTS.default = default_client
+job.CLIENTS.for_url = Client
+
+
 def enqueue(task: str, payload: dict[str, JSON] | None = None, **options: Any) -> Job:
     """Enqueue a job with the default client; see `Client.enqueue`.
 
@@ -96,14 +107,47 @@ def enqueue(task: str, payload: dict[str, JSON] | None = None, **options: Any) -
     return default_client().enqueue(task, payload, **options)
 
 
+@overload
 def enqueue_many(
-    jobs: Iterable[JobSpec | tuple[str, dict[str, JSON]]], **options: Any
-) -> list[Job]:
-    """Enqueue many jobs in one round trip with the default client; see `Client.enqueue_many`.
+    jobs: Iterable[JobSpec | tuple[str, dict[str, JSON]]], *, connection: SyncTarget = None
+) -> list[Job]: ...
+
+
+@overload
+def enqueue_many(
+    jobs: Iterable[JobSpec | tuple[str, dict[str, JSON]]],
+    *,
+    connection: SyncTarget = None,
+    on_complete: Callback,
+    on_failure: Callback | None = None,
+) -> BatchJobs: ...
+
+
+@overload
+def enqueue_many(
+    jobs: Iterable[JobSpec | tuple[str, dict[str, JSON]]],
+    *,
+    connection: SyncTarget = None,
+    on_complete: Callback | None = None,
+    on_failure: Callback,
+) -> BatchJobs: ...
+
+
+def enqueue_many(
+    jobs: Iterable[JobSpec | tuple[str, dict[str, JSON]]],
+    *,
+    connection: SyncTarget = None,
+    on_complete: Callback | None = None,
+    on_failure: Callback | None = None,
+) -> list[Job] | BatchJobs:
+    """Enqueue many jobs in one round trip with the default client; see `Client.enqueue_many`
+    (and its `on_complete` and `on_failure` callbacks).
 
     >>> enqueue_many([("add", {"a": i, "b": 1}) for i in range(1000)])   # doctest: +SKIP
+    >>> enqueue_many(specs, on_complete="report").on_complete   # doctest: +SKIP
     """
-    return default_client().enqueue_many(jobs, **options)
+    options: dict[str, Any] = {"on_complete": on_complete, "on_failure": on_failure}
+    return default_client().enqueue_many(jobs, connection=connection, **options)
 
 
 def cancel(job_id: str | UUID) -> JobStatus:

@@ -1,11 +1,10 @@
-"""The asyncio client, and the wait loop of a job handle: the one implementation of both.
+"""The asyncio client: the one implementation of both clients.
 
 `AsyncClient` enqueues (one job or a batch, on its own kept connections or in the caller's
-transaction) and acts on jobs (get, cancel, resume, retry, prune); `wait_done` is the loop
-behind `Job.wait`. The blocking `Client` and the loop behind `Job.wait_sync` are generated
-from this file into `worker.client._sync` by `scripts/unasync.py`: edit here, then run it.
-What may differ between the two lives in the helpers each side names (`AsyncWake` and `Wake`,
-`AsyncDirectWrites` and `DirectWrites`), never in this logic.
+transaction) and acts on jobs (get, cancel, resume, retry, prune). The blocking `Client` is
+generated from this file into `worker.client._sync` by `scripts/unasync.py`: edit here, then
+run it. What may differ between the two lives in the parts each side names (`AsyncDatabase`
+and `Database`), never in this logic.
 """
 
 from __future__ import annotations
@@ -13,16 +12,13 @@ from __future__ import annotations
 from collections.abc import Iterable
 from datetime import datetime, timedelta
 from functools import cache
-from typing import Any
+from typing import overload
 from uuid import UUID
 
-import psycopg
-from psycopg.rows import tuple_row
-
 from worker import tracing
+from worker.client.batches import BATCH_WORKFLOW, BatchJobs, Callback, with_callbacks
 from worker.client.errors import InvalidTransition, JobNotFound
 from worker.client.job import (
-    AsyncGet,
     Job,
     cancel_result,
     job_from_row,
@@ -30,16 +26,6 @@ from worker.client.job import (
     retry_refused,
 )
 from worker.client.queues import QueueState, limit_params, queue_name
-from worker.client.targets import (
-    ASYNC_TAKES,
-    AsyncConnection,
-    AsyncEngine,
-    AsyncSession,
-    AsyncTarget,
-    portable,
-    rows,
-    traced,
-)
 from worker.client.validation import (
     UNIQUE_TRIES,
     Batch,
@@ -48,14 +34,15 @@ from worker.client.validation import (
     prepared_many,
     prune_params,
     stored_json,
+    traced,
     unsettled_key,
     validated,
 )
-from worker.client.waiting import AsyncWake, done_waiters, pause, ready_for, time_left
+from worker.client.workflows import WorkflowHandle
 from worker.db import sql
-from worker.db.connect import async_engine
-from worker.db.direct_async import AsyncDirectWrites
+from worker.db.client_async import AsyncDatabase
 from worker.db.embedded import database_url
+from worker.db.targets import AsyncTarget
 from worker.ids import new_job_id
 from worker.models import JSON, TERMINAL_STATUSES, JobStatus
 from worker.settings import get_settings
@@ -77,12 +64,8 @@ class AsyncClient:
 
     def __init__(self, url: str | None = None) -> None:
         self.url = psycopg_url(url) if url else database_url()
-        self.engine: AsyncEngine = async_engine(self.url)
-        # Each of our statements is atomic on its own: autocommit spares a BEGIN and a COMMIT
-        # round trip per call.
-        self._autocommit = self.engine.execution_options(isolation_level="AUTOCOMMIT")
-        # Enqueues outside a caller's transaction: one prepared statement, one round trip.
-        self._direct = AsyncDirectWrites(self.url)
+        self._db = AsyncDatabase(self.url)
+        self.engine = self._db.engine
         self.max_payload_bytes = get_settings().max_payload_bytes
 
     async def close(self) -> None:
@@ -90,34 +73,7 @@ class AsyncClient:
 
         >>> await client.close()                                    # doctest: +SKIP
         """
-        await self._direct.close()
-        await self.engine.dispose()
-
-    async def _run(self, statement: str, params: dict[str, Any]) -> Any:
-        async with self._autocommit.connect() as conn:
-            result = await conn.exec_driver_sql(statement, params)
-            return result.fetchall() if result.returns_rows else result.rowcount
-
-    async def _insert(
-        self,
-        statement: str,
-        again: str,
-        params: dict[str, Any],
-        connection: AsyncTarget,
-        returning: bool,
-    ) -> list[Any]:
-        if connection is None:
-            return await self._direct.run(statement, again, params)
-        if isinstance(connection, AsyncSession | AsyncConnection):
-            result = await connection.execute(portable(statement), params)
-            return rows(result, returning)
-        if isinstance(connection, psycopg.AsyncConnection):
-            # Tuples whatever the caller's row factory; no commit: the caller's transaction
-            # (or its autocommit) decides when the job exists.
-            async with connection.cursor(row_factory=tuple_row) as cur:
-                await cur.execute(statement, params)
-                return await cur.fetchall() if returning else []
-        raise TypeError(f"connection= takes a {ASYNC_TAKES}, not {type(connection).__name__}")
+        await self._db.close()
 
     async def enqueue(
         self,
@@ -158,30 +114,77 @@ class AsyncClient:
         params["id"] = new_job_id()
         params["trace_context"] = tracing.carrier()
         if unique_key is None:
-            inserted = await self._insert(sql.ENQUEUE, sql.ENQUEUE_AGAIN, params, connection, True)
-            ((id_, due),) = inserted
+            statement, again = sql.ENQUEUE, sql.ENQUEUE_AGAIN
+            ((id_, due),) = await self._db.insert(statement, again, params, connection, True)
             return new_job(id_, spec, self, due)
         for _ in range(UNIQUE_TRIES):
             statement = sql.ENQUEUE_UNIQUE  # safe to run again, as it is
-            found = await self._insert(statement, statement, params, connection, True)
+            found = await self._db.insert(statement, statement, params, connection, True)
             if found:
                 ((id_, due),) = found
                 return new_job(id_, spec, self, due, duplicate=str(id_) != params["id"])
         raise unsettled_key(unique_key)
+
+    @overload
+    async def enqueue_many(
+        self,
+        jobs: Iterable[JobSpec | tuple[str, dict[str, JSON]]],
+        *,
+        connection: AsyncTarget = None,
+    ) -> list[Job]: ...
+
+    @overload
+    async def enqueue_many(
+        self,
+        jobs: Iterable[JobSpec | tuple[str, dict[str, JSON]]],
+        *,
+        connection: AsyncTarget = None,
+        on_complete: Callback,
+        on_failure: Callback | None = None,
+    ) -> BatchJobs: ...
+
+    @overload
+    async def enqueue_many(
+        self,
+        jobs: Iterable[JobSpec | tuple[str, dict[str, JSON]]],
+        *,
+        connection: AsyncTarget = None,
+        on_complete: Callback | None = None,
+        on_failure: Callback,
+    ) -> BatchJobs: ...
 
     async def enqueue_many(
         self,
         jobs: Iterable[JobSpec | tuple[str, dict[str, JSON]]],
         *,
         connection: AsyncTarget = None,
-    ) -> list[Job]:
+        on_complete: Callback | None = None,
+        on_failure: Callback | None = None,
+    ) -> list[Job] | BatchJobs:
         """Insert many jobs in one statement (one round trip); returns their handles in order.
 
         Every job is validated first: if one is bad, `InvalidJob` names its index and nothing
         is written. Idle workers are woken once per queue, not once per job.
 
+        With `on_complete` (a task, a task's name or a `JobSpec`), one job of it runs once
+        every job of the batch has ended, however each ended; with `on_failure`, one runs
+        then only if a job failed for good or was cancelled. Each reads the outcomes counted
+        as `ctx.parent_counts`. The batch is then a workflow, written in the same one
+        statement, of at most `MAX_BATCH_JOBS` jobs with no `unique_key`; the handles come as
+        a `BatchJobs` list, with `on_complete`, `on_failure` and `workflow`.
+
         >>> await client.enqueue_many([("resize", {"id": i}) for i in range(50)])  # doctest: +SKIP
+        >>> await client.enqueue_many(specs, on_complete="report")   # doctest: +SKIP
         """
+        if on_complete is not None or on_failure is not None:
+            prepared = with_callbacks(jobs, on_complete, on_failure, self.max_payload_bytes)
+            statement = sql.ENQUEUE_WORKFLOW  # idempotent by the workflow's id: safe to run again
+            await self._db.insert(statement, statement, prepared.params, connection, True)
+            made = zip(prepared.batch.ids, prepared.batch.specs, strict=True)
+            every = [new_job(i, spec, self) for i, spec in made]
+            named = prepared.named(every)
+            workflow = WorkflowHandle(prepared.params["id"], BATCH_WORKFLOW, None, named, self)
+            return prepared.handles(every, workflow)
         batch = prepared_many(jobs, self.max_payload_bytes)
         if not batch.specs:
             return []
@@ -201,7 +204,7 @@ class AsyncClient:
 
         if connection is None and batch.copyable:
             copy = sql.ENQUEUE_MANY_COPY if trace is None else sql.ENQUEUE_MANY_COPY_TRACED
-            await self._direct.copy(
+            await self._db.copy(
                 copy,
                 batch.copy_chunks(trace),
                 sql.ENQUEUE_MANY_AGAIN,
@@ -210,7 +213,8 @@ class AsyncClient:
             )
         else:
             params = traced(batch.params(), trace)
-            await self._insert(sql.ENQUEUE_MANY, sql.ENQUEUE_MANY_AGAIN, params, connection, False)
+            statement, again = sql.ENQUEUE_MANY, sql.ENQUEUE_MANY_AGAIN
+            await self._db.insert(statement, again, params, connection, False)
         return handles()
 
     async def _insert_unique(
@@ -222,7 +226,7 @@ class AsyncClient:
         for _ in range(UNIQUE_TRIES):
             params = traced(batch.params(), trace)
             statement = sql.ENQUEUE_MANY_UNIQUE  # safe to run again, as it is
-            rows_ = await self._insert(statement, statement, params, connection, True)
+            rows_ = await self._db.insert(statement, statement, params, connection, True)
             found.update({str(asked): str(id_) for asked, id_ in rows_ if id_ is not None})
             batch = batch.without(found)
             if not batch.ids:
@@ -231,20 +235,16 @@ class AsyncClient:
 
     async def get(self, job_id: str | UUID) -> Job:
         """The job's current state, with its stages; `JobNotFound` if there is no such job."""
-        params = {"id": job_id_of(job_id)}
-        async with self._autocommit.connect() as conn:
-            result = await conn.exec_driver_sql(sql.GET_JOB, params)
-            row = result.fetchone()
-            if row is None:
-                raise JobNotFound(f"no job {job_id}")
-            result = await conn.exec_driver_sql(sql.GET_STAGES, params)
-            stages = result.fetchall()
+        found = await self._db.read_job(sql.GET_JOB, sql.GET_STAGES, {"id": job_id_of(job_id)})
+        if found is None:
+            raise JobNotFound(f"no job {job_id}")
+        row, stages = found
         return job_from_row(row, stages, self)
 
     async def cancel(self, job_id: str | UUID) -> JobStatus:
         """Cancel a job: at once if it has not started, else at its next stage boundary.
         Returns the status after the request (a finished job's status is returned as is)."""
-        (row,) = await self._run(sql.CANCEL, {"id": job_id_of(job_id)})
+        (row,) = await self._db.run(sql.CANCEL, {"id": job_id_of(job_id)})
         return cancel_result(str(job_id), row)
 
     async def resume(self, job_id: str | UUID, answer: JSON = None) -> Job:
@@ -256,14 +256,14 @@ class AsyncClient:
             "id": job_id_of(job_id),
             "answer": stored_json(answer, "answer", self.max_payload_bytes),
         }
-        if not await self._run(sql.RESUME, params):
+        if not await self._db.run(sql.RESUME, params):
             job = await self.get(job_id)
             raise InvalidTransition(f"job {job_id} is {job.status}, not paused: nothing to resume")
         return await self.get(job_id)
 
     async def retry(self, job_id: str | UUID) -> Job:
         """Run a failed or cancelled job again, with fresh retries."""
-        if not await self._run(sql.RETRY, {"id": job_id_of(job_id)}):
+        if not await self._db.run(sql.RETRY, {"id": job_id_of(job_id)}):
             job = await self.get(job_id)
             raise InvalidTransition(retry_refused(job))
         return await self.get(job_id)
@@ -284,7 +284,7 @@ class AsyncClient:
         params = prune_params(older_than, statuses, batch_size)
         removed = 0
         while True:
-            n: int = await self._run(sql.PRUNE_BATCH, params)
+            n: int = await self._db.run(sql.PRUNE_BATCH, params)
             removed += n
             if n < batch_size:
                 return removed
@@ -293,12 +293,12 @@ class AsyncClient:
 
     async def queues(self) -> list[QueueState]:
         """Every queue with live jobs or controls: paused or not, its limits, its depth."""
-        return [QueueState.of(row) for row in await self._run(sql.QUEUE_STATES, {"name": None})]
+        return [QueueState.of(row) for row in await self._db.run(sql.QUEUE_STATES, {"name": None})]
 
     async def queue(self, name: str) -> QueueState:
         """One queue's state (an unknown queue is running, unlimited and empty)."""
         params = {"name": queue_name(name)}
-        found = [QueueState.of(row) for row in await self._run(sql.QUEUE_STATES, params)]
+        found = [QueueState.of(row) for row in await self._db.run(sql.QUEUE_STATES, params)]
         return found[0] if found else QueueState(name, False, None, None, None, 0, 0)
 
     async def pause_queue(self, name: str) -> QueueState:
@@ -307,12 +307,12 @@ class AsyncClient:
 
         >>> await client.pause_queue("emails")                      # doctest: +SKIP
         """
-        await self._run(sql.PAUSE_QUEUE, {"name": queue_name(name)})
+        await self._db.run(sql.PAUSE_QUEUE, {"name": queue_name(name)})
         return await self.queue(name)
 
     async def resume_queue(self, name: str) -> QueueState:
         """Let workers claim from the queue again, waking the idle ones at once."""
-        await self._run(sql.RESUME_QUEUE, {"name": queue_name(name)})
+        await self._db.run(sql.RESUME_QUEUE, {"name": queue_name(name)})
         return await self.queue(name)
 
     async def limit_queue(
@@ -329,21 +329,5 @@ class AsyncClient:
 
         >>> await client.limit_queue("emails", concurrency=2, rate=10)    # doctest: +SKIP
         """
-        await self._run(sql.LIMIT_QUEUE, limit_params(name, concurrency, rate, burst))
+        await self._db.run(sql.LIMIT_QUEUE, limit_params(name, concurrency, rate, burst))
         return await self.queue(name)
-
-
-async def wait_done(job: Job, get: AsyncGet, url: str, deadline: float | None) -> JSON:
-    """Wait until `job` finishes or `deadline` (monotonic) passes, reading it with `get`;
-    returns its result, or raises as `Job.outcome` does."""
-    wake = AsyncWake()
-    with done_waiters(url).waiting(job.job_id, wake.set) as listening:
-        # LISTEN before the first read: a finish between the two is then never missed.
-        await wake.ready(listening, ready_for(deadline))
-        while True:
-            wake.clear()
-            job.update(await get(job.job_id))
-            left = time_left(deadline)
-            if job.status.is_terminal or (left is not None and left <= 0):
-                return job.outcome()
-            await wake.wait(pause(left))

@@ -1,5 +1,5 @@
 # Generated from worker/client/_async.py by scripts/unasync.py: do not edit.
-"""The blocking client, and the wait loop behind `Job.wait_sync`.
+"""The blocking client.
 
 Generated from `worker.client._async`, the one implementation of both: see it for
 what they do, and edit it (then run `python scripts/unasync.py`), not this file.
@@ -10,16 +10,13 @@ from __future__ import annotations
 from collections.abc import Iterable
 from datetime import datetime, timedelta
 from functools import cache
-from typing import Any
+from typing import overload
 from uuid import UUID
 
-import psycopg
-from psycopg.rows import tuple_row
-
 from worker import tracing
+from worker.client.batches import BATCH_WORKFLOW, BatchJobs, Callback, with_callbacks
 from worker.client.errors import InvalidTransition, JobNotFound
 from worker.client.job import (
-    Get,
     Job,
     cancel_result,
     job_from_row,
@@ -27,16 +24,6 @@ from worker.client.job import (
     retry_refused,
 )
 from worker.client.queues import QueueState, limit_params, queue_name
-from worker.client.targets import (
-    SYNC_TAKES,
-    Connection,
-    Engine,
-    Session,
-    SyncTarget,
-    portable,
-    rows,
-    traced,
-)
 from worker.client.validation import (
     UNIQUE_TRIES,
     Batch,
@@ -45,14 +32,15 @@ from worker.client.validation import (
     prepared_many,
     prune_params,
     stored_json,
+    traced,
     unsettled_key,
     validated,
 )
-from worker.client.waiting import Wake, done_waiters, pause, ready_for, time_left
+from worker.client.workflows import WorkflowHandle
 from worker.db import sql
-from worker.db.connect import sync_engine
-from worker.db.direct_sync import DirectWrites
+from worker.db.client_sync import Database
 from worker.db.embedded import database_url
+from worker.db.targets import SyncTarget
 from worker.ids import new_job_id
 from worker.models import JSON, TERMINAL_STATUSES, JobStatus
 from worker.settings import get_settings
@@ -74,12 +62,8 @@ class Client:
 
     def __init__(self, url: str | None = None) -> None:
         self.url = psycopg_url(url) if url else database_url()
-        self.engine: Engine = sync_engine(self.url)
-        # Each of our statements is atomic on its own: autocommit spares a BEGIN and a COMMIT
-        # round trip per call.
-        self._autocommit = self.engine.execution_options(isolation_level="AUTOCOMMIT")
-        # Enqueues outside a caller's transaction: one prepared statement, one round trip.
-        self._direct = DirectWrites(self.url)
+        self._db = Database(self.url)
+        self.engine = self._db.engine
         self.max_payload_bytes = get_settings().max_payload_bytes
 
     def close(self) -> None:
@@ -87,34 +71,7 @@ class Client:
 
         >>> client.close()                                    # doctest: +SKIP
         """
-        self._direct.close()
-        self.engine.dispose()
-
-    def _run(self, statement: str, params: dict[str, Any]) -> Any:
-        with self._autocommit.connect() as conn:
-            result = conn.exec_driver_sql(statement, params)
-            return result.fetchall() if result.returns_rows else result.rowcount
-
-    def _insert(
-        self,
-        statement: str,
-        again: str,
-        params: dict[str, Any],
-        connection: SyncTarget,
-        returning: bool,
-    ) -> list[Any]:
-        if connection is None:
-            return self._direct.run(statement, again, params)
-        if isinstance(connection, Session | Connection):
-            result = connection.execute(portable(statement), params)
-            return rows(result, returning)
-        if isinstance(connection, psycopg.Connection):
-            # Tuples whatever the caller's row factory; no commit: the caller's transaction
-            # (or its autocommit) decides when the job exists.
-            with connection.cursor(row_factory=tuple_row) as cur:
-                cur.execute(statement, params)
-                return cur.fetchall() if returning else []
-        raise TypeError(f"connection= takes a {SYNC_TAKES}, not {type(connection).__name__}")
+        self._db.close()
 
     def enqueue(
         self,
@@ -155,30 +112,77 @@ class Client:
         params["id"] = new_job_id()
         params["trace_context"] = tracing.carrier()
         if unique_key is None:
-            inserted = self._insert(sql.ENQUEUE, sql.ENQUEUE_AGAIN, params, connection, True)
-            ((id_, due),) = inserted
+            statement, again = sql.ENQUEUE, sql.ENQUEUE_AGAIN
+            ((id_, due),) = self._db.insert(statement, again, params, connection, True)
             return new_job(id_, spec, self, due)
         for _ in range(UNIQUE_TRIES):
             statement = sql.ENQUEUE_UNIQUE  # safe to run again, as it is
-            found = self._insert(statement, statement, params, connection, True)
+            found = self._db.insert(statement, statement, params, connection, True)
             if found:
                 ((id_, due),) = found
                 return new_job(id_, spec, self, due, duplicate=str(id_) != params["id"])
         raise unsettled_key(unique_key)
+
+    @overload
+    def enqueue_many(
+        self,
+        jobs: Iterable[JobSpec | tuple[str, dict[str, JSON]]],
+        *,
+        connection: SyncTarget = None,
+    ) -> list[Job]: ...
+
+    @overload
+    def enqueue_many(
+        self,
+        jobs: Iterable[JobSpec | tuple[str, dict[str, JSON]]],
+        *,
+        connection: SyncTarget = None,
+        on_complete: Callback,
+        on_failure: Callback | None = None,
+    ) -> BatchJobs: ...
+
+    @overload
+    def enqueue_many(
+        self,
+        jobs: Iterable[JobSpec | tuple[str, dict[str, JSON]]],
+        *,
+        connection: SyncTarget = None,
+        on_complete: Callback | None = None,
+        on_failure: Callback,
+    ) -> BatchJobs: ...
 
     def enqueue_many(
         self,
         jobs: Iterable[JobSpec | tuple[str, dict[str, JSON]]],
         *,
         connection: SyncTarget = None,
-    ) -> list[Job]:
+        on_complete: Callback | None = None,
+        on_failure: Callback | None = None,
+    ) -> list[Job] | BatchJobs:
         """Insert many jobs in one statement (one round trip); returns their handles in order.
 
         Every job is validated first: if one is bad, `InvalidJob` names its index and nothing
         is written. Idle workers are woken once per queue, not once per job.
 
+        With `on_complete` (a task, a task's name or a `JobSpec`), one job of it runs once
+        every job of the batch has ended, however each ended; with `on_failure`, one runs
+        then only if a job failed for good or was cancelled. Each reads the outcomes counted
+        as `ctx.parent_counts`. The batch is then a workflow, written in the same one
+        statement, of at most `MAX_BATCH_JOBS` jobs with no `unique_key`; the handles come as
+        a `BatchJobs` list, with `on_complete`, `on_failure` and `workflow`.
+
         >>> client.enqueue_many([("resize", {"id": i}) for i in range(50)])  # doctest: +SKIP
+        >>> client.enqueue_many(specs, on_complete="report")   # doctest: +SKIP
         """
+        if on_complete is not None or on_failure is not None:
+            prepared = with_callbacks(jobs, on_complete, on_failure, self.max_payload_bytes)
+            statement = sql.ENQUEUE_WORKFLOW  # idempotent by the workflow's id: safe to run again
+            self._db.insert(statement, statement, prepared.params, connection, True)
+            made = zip(prepared.batch.ids, prepared.batch.specs, strict=True)
+            every = [new_job(i, spec, self) for i, spec in made]
+            named = prepared.named(every)
+            workflow = WorkflowHandle(prepared.params["id"], BATCH_WORKFLOW, None, named, self)
+            return prepared.handles(every, workflow)
         batch = prepared_many(jobs, self.max_payload_bytes)
         if not batch.specs:
             return []
@@ -198,7 +202,7 @@ class Client:
 
         if connection is None and batch.copyable:
             copy = sql.ENQUEUE_MANY_COPY if trace is None else sql.ENQUEUE_MANY_COPY_TRACED
-            self._direct.copy(
+            self._db.copy(
                 copy,
                 batch.copy_chunks(trace),
                 sql.ENQUEUE_MANY_AGAIN,
@@ -207,7 +211,8 @@ class Client:
             )
         else:
             params = traced(batch.params(), trace)
-            self._insert(sql.ENQUEUE_MANY, sql.ENQUEUE_MANY_AGAIN, params, connection, False)
+            statement, again = sql.ENQUEUE_MANY, sql.ENQUEUE_MANY_AGAIN
+            self._db.insert(statement, again, params, connection, False)
         return handles()
 
     def _insert_unique(
@@ -219,7 +224,7 @@ class Client:
         for _ in range(UNIQUE_TRIES):
             params = traced(batch.params(), trace)
             statement = sql.ENQUEUE_MANY_UNIQUE  # safe to run again, as it is
-            rows_ = self._insert(statement, statement, params, connection, True)
+            rows_ = self._db.insert(statement, statement, params, connection, True)
             found.update({str(asked): str(id_) for asked, id_ in rows_ if id_ is not None})
             batch = batch.without(found)
             if not batch.ids:
@@ -228,20 +233,16 @@ class Client:
 
     def get(self, job_id: str | UUID) -> Job:
         """The job's current state, with its stages; `JobNotFound` if there is no such job."""
-        params = {"id": job_id_of(job_id)}
-        with self._autocommit.connect() as conn:
-            result = conn.exec_driver_sql(sql.GET_JOB, params)
-            row = result.fetchone()
-            if row is None:
-                raise JobNotFound(f"no job {job_id}")
-            result = conn.exec_driver_sql(sql.GET_STAGES, params)
-            stages = result.fetchall()
+        found = self._db.read_job(sql.GET_JOB, sql.GET_STAGES, {"id": job_id_of(job_id)})
+        if found is None:
+            raise JobNotFound(f"no job {job_id}")
+        row, stages = found
         return job_from_row(row, stages, self)
 
     def cancel(self, job_id: str | UUID) -> JobStatus:
         """Cancel a job: at once if it has not started, else at its next stage boundary.
         Returns the status after the request (a finished job's status is returned as is)."""
-        (row,) = self._run(sql.CANCEL, {"id": job_id_of(job_id)})
+        (row,) = self._db.run(sql.CANCEL, {"id": job_id_of(job_id)})
         return cancel_result(str(job_id), row)
 
     def resume(self, job_id: str | UUID, answer: JSON = None) -> Job:
@@ -253,14 +254,14 @@ class Client:
             "id": job_id_of(job_id),
             "answer": stored_json(answer, "answer", self.max_payload_bytes),
         }
-        if not self._run(sql.RESUME, params):
+        if not self._db.run(sql.RESUME, params):
             job = self.get(job_id)
             raise InvalidTransition(f"job {job_id} is {job.status}, not paused: nothing to resume")
         return self.get(job_id)
 
     def retry(self, job_id: str | UUID) -> Job:
         """Run a failed or cancelled job again, with fresh retries."""
-        if not self._run(sql.RETRY, {"id": job_id_of(job_id)}):
+        if not self._db.run(sql.RETRY, {"id": job_id_of(job_id)}):
             job = self.get(job_id)
             raise InvalidTransition(retry_refused(job))
         return self.get(job_id)
@@ -281,7 +282,7 @@ class Client:
         params = prune_params(older_than, statuses, batch_size)
         removed = 0
         while True:
-            n: int = self._run(sql.PRUNE_BATCH, params)
+            n: int = self._db.run(sql.PRUNE_BATCH, params)
             removed += n
             if n < batch_size:
                 return removed
@@ -290,12 +291,12 @@ class Client:
 
     def queues(self) -> list[QueueState]:
         """Every queue with live jobs or controls: paused or not, its limits, its depth."""
-        return [QueueState.of(row) for row in self._run(sql.QUEUE_STATES, {"name": None})]
+        return [QueueState.of(row) for row in self._db.run(sql.QUEUE_STATES, {"name": None})]
 
     def queue(self, name: str) -> QueueState:
         """One queue's state (an unknown queue is running, unlimited and empty)."""
         params = {"name": queue_name(name)}
-        found = [QueueState.of(row) for row in self._run(sql.QUEUE_STATES, params)]
+        found = [QueueState.of(row) for row in self._db.run(sql.QUEUE_STATES, params)]
         return found[0] if found else QueueState(name, False, None, None, None, 0, 0)
 
     def pause_queue(self, name: str) -> QueueState:
@@ -304,12 +305,12 @@ class Client:
 
         >>> client.pause_queue("emails")                      # doctest: +SKIP
         """
-        self._run(sql.PAUSE_QUEUE, {"name": queue_name(name)})
+        self._db.run(sql.PAUSE_QUEUE, {"name": queue_name(name)})
         return self.queue(name)
 
     def resume_queue(self, name: str) -> QueueState:
         """Let workers claim from the queue again, waking the idle ones at once."""
-        self._run(sql.RESUME_QUEUE, {"name": queue_name(name)})
+        self._db.run(sql.RESUME_QUEUE, {"name": queue_name(name)})
         return self.queue(name)
 
     def limit_queue(
@@ -326,21 +327,5 @@ class Client:
 
         >>> client.limit_queue("emails", concurrency=2, rate=10)    # doctest: +SKIP
         """
-        self._run(sql.LIMIT_QUEUE, limit_params(name, concurrency, rate, burst))
+        self._db.run(sql.LIMIT_QUEUE, limit_params(name, concurrency, rate, burst))
         return self.queue(name)
-
-
-def wait_done(job: Job, get: Get, url: str, deadline: float | None) -> JSON:
-    """Wait until `job` finishes or `deadline` (monotonic) passes, reading it with `get`;
-    returns its result, or raises as `Job.outcome` does."""
-    wake = Wake()
-    with done_waiters(url).waiting(job.job_id, wake.set) as listening:
-        # LISTEN before the first read: a finish between the two is then never missed.
-        wake.ready(listening, ready_for(deadline))
-        while True:
-            wake.clear()
-            job.update(get(job.job_id))
-            left = time_left(deadline)
-            if job.status.is_terminal or (left is not None and left <= 0):
-                return job.outcome()
-            wake.wait(pause(left))

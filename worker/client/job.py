@@ -2,34 +2,68 @@
 and `JobError`, what waiting on a job that ended `failed` or `cancelled` raises.
 
 A handle comes from an enqueue, from `Job.get(job_id)` or from a client's `get`; it is valid
-in any process. It reads through the client that made it (or the default client), and waits
-through the wait loop of `worker.client._async` (or its generated blocking twin). It holds
-no connection itself.
+in any process. It reads through the client that made it (a `Reader` or an `AsyncReader`, or
+the default client), and waits through the wait loop of `worker.client.wait_async` (or its
+generated blocking twin). It imports no client: the clients import it, and `worker.client`
+gives it the blocking clients it makes on demand (`CLIENTS`). It holds no connection itself.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Sequence
+import inspect
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol, TypeGuard, cast
 from uuid import UUID
 
-from sqlalchemy import Row
-
+from worker.client import wait_async, wait_sync
 from worker.client.errors import JobNotFound
 from worker.client.validation import JobSpec
 from worker.client.waiting import deadline_of
 from worker.models import JSON, JobStatus, StageStatus
 
-if TYPE_CHECKING:
-    from worker.client._async import AsyncClient
-    from worker.client._sync import Client
 
-# How a waiter reads its job afresh: the client's `get`, blocking or awaited.
-Get = Callable[[str], "Job"]
-AsyncGet = Callable[[str], Awaitable["Job"]]
+class Reader(Protocol):
+    """What a handle reads and cancels through: a blocking client (`Client`)."""
+
+    url: str
+
+    def get(self, job_id: str | UUID) -> Job: ...
+
+    def cancel(self, job_id: str | UUID) -> JobStatus: ...
+
+
+class AsyncReader(Protocol):
+    """What a handle reads through by awaiting: an asyncio client (`AsyncClient`)."""
+
+    url: str
+
+    async def get(self, job_id: str | UUID) -> Job: ...
+
+
+@dataclass
+class Clients:
+    """The blocking clients a handle uses when its own cannot serve: the default one, and one
+    for the database of an asyncio client. `worker.client`, which makes the clients, sets
+    both when it is imported, before any handle exists."""
+
+    default: Callable[[], Reader] | None = None
+    for_url: Callable[[str], Reader] | None = None
+
+
+CLIENTS = Clients()
+
+
+def _awaited(client: Reader | AsyncReader) -> TypeGuard[AsyncReader]:
+    """Whether `client` reads by awaiting (an asyncio client)."""
+    return inspect.iscoroutinefunction(client.get)
+
+
+def _default() -> Reader:
+    assert CLIENTS.default is not None, "worker.client sets it when imported"
+    return CLIENTS.default()
 
 
 class JobError(RuntimeError):
@@ -90,7 +124,7 @@ class Job:
     stages: list[dict[str, JSON]] = field(default_factory=list)
     # The enqueue that made this handle found a live job with its unique key: this is that job.
     duplicate: bool = False
-    client: Client | AsyncClient | None = field(default=None, repr=False, compare=False)
+    client: Reader | AsyncReader | None = field(default=None, repr=False, compare=False)
 
     @property
     def id(self) -> str:
@@ -109,20 +143,15 @@ class Job:
 
         >>> Job.get(job_id).wait_sync(timeout=60)     # doctest: +SKIP
         """
-        from worker.client import default_client
+        return _default().get(job_id)
 
-        return default_client().get(job_id)
-
-    def _client(self) -> Client:
-        from worker.client import default_client
-        from worker.client._async import AsyncClient
-        from worker.client._sync import Client
-
-        if isinstance(self.client, Client):
-            return self.client
-        if isinstance(self.client, AsyncClient):
-            return Client(self.client.url)
-        return default_client()
+    def _client(self) -> Reader:
+        if self.client is None:
+            return _default()
+        if _awaited(self.client):
+            assert CLIENTS.for_url is not None, "worker.client sets it when imported"
+            return CLIENTS.for_url(self.client.url)
+        return cast(Reader, self.client)  # not awaited: a blocking client
 
     def update(self, other: Job) -> Job:
         """Take every field of `other` but its client (and what its enqueue found); returns the
@@ -159,29 +188,24 @@ class Job:
         >>> job.wait_sync(timeout=30)                 # doctest: +SKIP
         3
         """
-        from worker.client._sync import wait_done
-
         deadline = deadline_of(timeout)
         client = self._client()
-        return wait_done(self, client.get, client.url, deadline)
+        return wait_sync.wait_done(self, client.get, client.url, deadline)
 
     async def wait(self, timeout: float | None = None) -> JSON:
         """The async `wait_sync`: suspends the coroutine instead of blocking the thread.
 
         >>> result = await job.wait(timeout=30)       # doctest: +SKIP
         """
-        from worker.client import default_client
-        from worker.client._async import AsyncClient, wait_done
-
         deadline = deadline_of(timeout)
-        if isinstance(self.client, AsyncClient):
-            return await wait_done(self, self.client.get, self.client.url, deadline)
-        url = self.client.url if self.client is not None else default_client().url
+        if self.client is not None and _awaited(self.client):
+            return await wait_async.wait_done(self, self.client.get, self.client.url, deadline)
+        url = self.client.url if self.client is not None else _default().url
 
         async def get(job_id: str) -> Job:  # a blocking client reads in a thread
             return await asyncio.to_thread(self._client().get, job_id)
 
-        return await wait_done(self, get, url, deadline)
+        return await wait_async.wait_done(self, get, url, deadline)
 
     def cancel(self) -> JobStatus:
         """Request cancellation; returns the status right after the request.
@@ -194,7 +218,7 @@ class Job:
         return status
 
 
-def job_from_row(row: Row[Any], stages: Sequence[Row[Any]], client: Client | AsyncClient) -> Job:
+def job_from_row(row: Any, stages: Sequence[Any], client: Reader | AsyncReader) -> Job:
     """A handle from a row of `sql.GET_JOB` and the job's rows of `sql.GET_STAGES`."""
     return Job(
         job_id=str(row.id),
@@ -226,7 +250,7 @@ def job_from_row(row: Row[Any], stages: Sequence[Row[Any]], client: Client | Asy
 def new_job(
     job_id: object,
     spec: JobSpec,
-    client: Client | AsyncClient,
+    client: Reader | AsyncReader,
     run_at: datetime | None = None,
     duplicate: bool = False,
 ) -> Job:
@@ -257,7 +281,7 @@ def retry_refused(job: Job) -> str:
     return f"job {job.job_id} is {job.status}: only failed or cancelled jobs can be retried"
 
 
-def cancel_result(job_id: str, row: Row[Any] | None) -> JobStatus:
+def cancel_result(job_id: str, row: Any) -> JobStatus:
     """The status after a cancel request, from the row of `sql.CANCEL`."""
     if row is None or row.before is None:
         raise JobNotFound(f"no job {job_id}")

@@ -8,7 +8,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import TypedDict
 
-from worker.client.targets import AsyncTarget, SyncTarget
+from worker.db.targets import AsyncTarget, SyncTarget
 
 
 class _Options(TypedDict, total=False):

@@ -297,6 +297,12 @@ class Batch:
 _COPY_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
 
 
+def traced(params: dict[str, Any], trace: str | None) -> dict[str, Any]:
+    """A batch's parameters with the trace context it was enqueued in (`worker.tracing`)."""
+    params["trace_context"] = trace
+    return params
+
+
 def prepared_many(jobs: Iterable[JobSpec | tuple[str, dict[str, JSON]]], max_bytes: int) -> Batch:
     """Every job validated before anything is written; the first bad one is named by index."""
     specs: list[JobSpec] = []

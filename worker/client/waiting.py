@@ -6,10 +6,10 @@ process shares one subscription per database on the process's notifier (one list
 connection), dispatched here to the waiters of each job; each waiter also rechecks its job
 every `WAIT_RECHECK_SECONDS`, so a notification lost to a dropped connection delays it by at
 most that long and never strands it. The wait loop itself is written once, in
-`worker.client._async` (and generated for blocking callers): it calls `Wake` or `AsyncWake`,
-which hold the only difference, a `threading.Event` or an `asyncio.Event`.
+`worker.client.wait_async` (and generated for blocking callers): it calls `Wake` or
+`AsyncWake`, which hold the only difference, a `threading.Event` or an `asyncio.Event`.
 
-This does not read jobs: the loop passes in how to read one.
+This does not read jobs: the loop is given how to read one (`Get`, `AsyncGet`).
 """
 
 from __future__ import annotations
@@ -21,9 +21,11 @@ import math
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any, Protocol
 
 from worker.db.notifier import LINGER_SECONDS, Subscription, notifier
+from worker.models import JSON, JobStatus
 
 # How often a waiter re-reads the job even without a notification (a missed NOTIFY, a
 # reconnect): the notification is the fast path, this is the safety net.
@@ -35,6 +37,23 @@ LISTEN_READY_SECONDS = 5.0
 LISTEN_LINGER_SECONDS = LINGER_SECONDS
 # `application_name` of the listening connection, to find it in pg_stat_activity.
 LISTENER_NAME = "durable-worker wait"
+
+
+class Watched(Protocol):
+    """What the wait loop needs of the handle of the job it waits on: its id and status,
+    taking a fresh read of the job, and its outcome."""
+
+    job_id: str
+    status: JobStatus
+
+    def update(self, other: Any) -> object: ...
+
+    def outcome(self) -> JSON: ...
+
+
+# How a waiter reads its job afresh: a client's `get`, blocking or awaited.
+Get = Callable[[str], Watched]
+AsyncGet = Callable[[str], Awaitable[Watched]]
 
 
 class DoneWaiters:

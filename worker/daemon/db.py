@@ -16,16 +16,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from typing import TypeVar
 
-import psycopg
-
 from worker.db.backoff import Backoff
-from worker.db.connect import MISPOOLED, POOLER_HINT, PoolerMismatch, connect, pooled
-from worker.db.errors import TRANSIENT, describe
+from worker.db.connect import MISPOOLED, POOLER_HINT, PoolerMismatch
+from worker.db.errors import TRANSIENT, UNREACHABLE, describe
+from worker.db.probe import undeclared_pooler
 from worker.logs import fields
 
 log = logging.getLogger("worker.daemon")
@@ -197,21 +195,8 @@ def wait_for_database(url: str, timeout: float | None) -> None:
     warned = False
     while True:
         try:
-            with connect(url, "durable-worker") as conn:
-                if warned:
-                    waited = time.monotonic() - started
-                    log.warning(
-                        "database reachable after %.1f s; starting",
-                        waited,
-                        extra=fields("database.reachable", outage_seconds=round(waited, 3)),
-                    )
-                if not pooled() and shares_sessions(url, conn):
-                    raise UndeclaredPooler(
-                        f"{POOLER_HINT} (a statement prepared on one connection was found on "
-                        "another)"
-                    )
-                return
-        except psycopg.OperationalError as exc:
+            undeclared = undeclared_pooler(url)
+        except UNREACHABLE as exc:
             reason = describe(exc).removeprefix("OperationalError: ")
             waited = time.monotonic() - started
             if timeout is not None and waited >= timeout:
@@ -229,38 +214,19 @@ def wait_for_database(url: str, timeout: float | None) -> None:
                 )
             delay = backoff.next()
             time.sleep(delay if timeout is None else min(delay, max(timeout - waited, 0.05)))
-
-
-def shares_sessions(url: str, conn: psycopg.Connection[object]) -> bool:
-    """Whether a statement `conn` prepares is seen by another connection to `url`: a pooler in
-    transaction mode handing one server session to its clients in turn (never so directly).
-
-    The other connection looks the statement up in `pg_prepared_statements` instead of
-    executing it, so that not finding it (a direct connection, a pooler in session mode) writes
-    no error to the server's log. A pooler whose sessions are all busy may hand the other
-    connection a different one: then this says False, and the first clash of prepared
-    statements says it instead.
-    """
-    name = f"durable_worker_probe_{os.getpid()}"
-    with connect(url, "durable-worker") as other:
-        conn.execute(f"PREPARE {name} AS SELECT 1")
-        shared = _deallocate_if_prepared(other, name)
-        if not shared:
-            _deallocate_if_prepared(conn, name)
-    return shared
-
-
-def _deallocate_if_prepared(conn: psycopg.Connection[object], name: str) -> bool:
-    """Deallocate statement `name` from the session `conn` reaches now, if it is prepared there;
-    whether it was."""
-    # One transaction, so that a transaction pooler keeps both statements on one server session.
-    with conn.transaction():
-        found = conn.execute(
-            "SELECT 1 FROM pg_prepared_statements WHERE name = %s", (name,)
-        ).fetchone()
-        if found is not None:
-            conn.execute(f"DEALLOCATE {name}")
-    return found is not None
+            continue
+        if warned:
+            waited = time.monotonic() - started
+            log.warning(
+                "database reachable after %.1f s; starting",
+                waited,
+                extra=fields("database.reachable", outage_seconds=round(waited, 3)),
+            )
+        if undeclared:
+            raise UndeclaredPooler(
+                f"{POOLER_HINT} (a statement prepared on one connection was found on another)"
+            )
+        return
 
 
 class DatabaseUnreachable(Exception):

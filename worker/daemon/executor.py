@@ -32,7 +32,14 @@ from worker.middleware import around
 from worker.models import ClaimedJob, Outcome, OutcomeKind, StageEnd, StageStatus
 from worker.settings import Settings
 from worker.stages import Pipeline
-from worker.tasks import Context, Executable, JobCancelled, PauseForResolution, Snooze
+from worker.tasks import (
+    Context,
+    Executable,
+    JobCancelled,
+    PauseForResolution,
+    Snooze,
+    WaitForChildren,
+)
 
 log = logging.getLogger("worker.daemon")
 job_log = logging.getLogger("worker.jobs")
@@ -198,6 +205,11 @@ class Executor:
             return Outcome(OutcomeKind.SNOOZED, delay=snooze.seconds)
         except PauseForResolution as pause:
             return Outcome(OutcomeKind.PAUSED, result=pause.question)
+        except WaitForChildren:  # a task has no next stage to run once its children end
+            error = (
+                "wait_for_children() ends a pipeline's stage: a task cannot wait for its children"
+            )
+            return Outcome(OutcomeKind.FAILED, error=error)
         except JobLost as exc:
             log.warning("%s", exc, extra=fields("job.lost", job_id=ctx.job_id))
             return Outcome(OutcomeKind.RETRY, error=str(exc))  # the guarded outcome write skips it

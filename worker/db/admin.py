@@ -57,6 +57,14 @@ def blocking(url: str, name: str, work: Callable[[Conn], Awaitable[T]], **option
 
 
 @contextlib.asynccontextmanager
+async def opened(url: str, name: str) -> AsyncIterator[Conn]:
+    """A connection of its own named `name`, for a run of these operations from asyncio;
+    closed after."""
+    async with await aconnect(url, name) as conn:
+        yield conn
+
+
+@contextlib.asynccontextmanager
 async def borrowed(engine: AsyncEngine) -> AsyncIterator[Conn]:
     """A connection of `engine`'s pool (a client's), for these operations: they share its
     bounds (size, timeouts, the check before reuse) rather than opening more."""

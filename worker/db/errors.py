@@ -1,4 +1,5 @@
-"""What the driver seam raises, and which errors mean "the database is unreachable right now".
+"""What the driver seam raises, which errors mean "the database is unreachable right now", and
+the kind of each failure (`Failure`) that the HTTP edge and the CLI answer.
 
 The daemon's retries, outage lines and refusals are decided on these names alone, whichever
 driver runs under it: the PostgreSQL driver raises psycopg's errors (and `Refused`), the
@@ -10,8 +11,10 @@ from __future__ import annotations
 
 import logging
 import time
+from enum import Enum
 
 import psycopg
+import sqlalchemy.exc
 from psycopg_pool import PoolTimeout
 
 from worker.logs import first_line
@@ -89,3 +92,60 @@ EVENTS_REFUSED = (psycopg.IntegrityError, psycopg.DataError, psycopg.errors.Prog
 class Unsupported(NotImplementedError):
     """A driver was asked for a rule it does not keep (the in-memory driver and a concurrency
     key, say): refused at once, rather than the job running as if the rule held."""
+
+
+class Failure(Enum):
+    """What went wrong with a database operation, in the seam's words: the HTTP edge and the
+    CLI answer a kind, never a driver's error class."""
+
+    UNAVAILABLE = "unavailable"  # not reachable right now: the same call may go through later
+    VALUE_REFUSED = "value refused"  # a value of the statement it cannot store or compute
+    NOT_PERMITTED = "not permitted"  # the database role may not do this
+    NO_SCHEMA = "no schema"  # the worker schema, or a part of it, is not there: not migrated
+    STATEMENT_REFUSED = "statement refused"  # any other statement it refuses: a defect
+
+
+# The errors of a connection or a pool that cannot serve a call now, from psycopg or from
+# SQLAlchemy's engine around it.
+UNREACHABLE = (
+    psycopg.OperationalError,
+    psycopg.InterfaceError,
+    sqlalchemy.exc.OperationalError,
+    sqlalchemy.exc.InterfaceError,
+    sqlalchemy.exc.TimeoutError,
+    PoolTimeout,
+)
+# Every error `failure` gives a kind to.
+CLASSIFIED = (
+    *UNREACHABLE,
+    psycopg.DataError,
+    sqlalchemy.exc.DataError,
+    psycopg.ProgrammingError,
+    sqlalchemy.exc.ProgrammingError,
+)
+# What the database answers when a name of the worker schema is not there: its words are
+# "... does not exist".
+_MISSING = (
+    psycopg.errors.UndefinedTable,
+    psycopg.errors.InvalidSchemaName,
+    psycopg.errors.UndefinedFunction,
+    psycopg.errors.UndefinedColumn,
+    psycopg.errors.UndefinedObject,
+)
+
+
+def failure(exc: BaseException) -> Failure | None:
+    """The kind of a failed database operation; None for an error that is not one."""
+    if not isinstance(exc, CLASSIFIED):
+        return None
+    if isinstance(exc, UNREACHABLE):
+        return Failure.UNAVAILABLE
+    if isinstance(exc, psycopg.DataError | sqlalchemy.exc.DataError):
+        return Failure.VALUE_REFUSED
+    # SQLAlchemy wraps the driver's error: the kind is the driver's.
+    cause = getattr(exc, "orig", None) or exc
+    if isinstance(cause, psycopg.errors.InsufficientPrivilege):
+        return Failure.NOT_PERMITTED
+    if isinstance(cause, _MISSING):
+        return Failure.NO_SCHEMA
+    return Failure.STATEMENT_REFUSED

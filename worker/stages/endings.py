@@ -17,7 +17,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 from worker.attempt import call
-from worker.encoding import NotStorable
+from worker.encoding import NotStorable, dumps
 from worker.models import (
     JSON,
     ClaimedJob,
@@ -28,7 +28,7 @@ from worker.models import (
     StageStatus,
 )
 from worker.retries import DEFAULT_RULES, RetryRules
-from worker.tasks import Context, JobCancelled, PauseForResolution, Snooze
+from worker.tasks import Context, JobCancelled, PauseForResolution, Snooze, WaitForChildren
 from worker.tracing import stage_span
 
 if TYPE_CHECKING:
@@ -40,7 +40,7 @@ class StageDeadlineExceeded(Exception):
 
 
 # How a stage stops that is no failure of it: its span ends without an error.
-_NOT_FAILURES = (JobCancelled, PauseForResolution, Snooze)
+_NOT_FAILURES = (JobCancelled, PauseForResolution, Snooze, WaitForChildren)
 
 
 async def invoke(ctx: Context, stage: Stage, age: float) -> Any:
@@ -81,6 +81,9 @@ class Ending(StrEnum):
     FAILED_FOR_GOOD = "failed_for_good"  # past its deadline, or given up on: no retry
     RETRYABLE = "retryable"  # it raised: the job is retried from this stage
     NOT_STORABLE = "not_storable"  # its output cannot be stored: no retry helps
+    # It completed, and its job waits for the children it spawned: written as a completion
+    # with the job's outcome (`OutcomeKind.WAITING`), not through `ENDINGS`.
+    WAITING = "waiting"
 
 
 @dataclass(frozen=True)
@@ -135,11 +138,16 @@ class Ended:
         requested meanwhile wins over a snooze or a pause, which would otherwise take the job
         out of a worker's reach. The pipeline's `rules` say whether a failure is retried."""
         if isinstance(exc, JobCancelled) or (
-            cancelled and isinstance(exc, Snooze | PauseForResolution)
+            cancelled and isinstance(exc, Snooze | PauseForResolution | WaitForChildren)
         ):
             return cls(Ending.CANCELLED, stage, job_error=f"cancelled during stage {stage}")
         if isinstance(exc, Snooze):
             return cls(Ending.SNOOZED, stage, delay=exc.seconds)
+        if isinstance(exc, WaitForChildren):
+            try:
+                return cls(Ending.WAITING, stage, output=exc.output, text=dumps(exc.output))
+            except NotStorable as not_storable:
+                return cls.not_storable(stage, not_storable)
         if isinstance(exc, PauseForResolution):
             return cls(
                 Ending.PAUSED, stage, question=exc.question, message={"question": exc.question}

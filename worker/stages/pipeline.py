@@ -35,11 +35,15 @@ How an attempt can end, and what follows:
 - a stage ran past its `deadline`: the job is `failed` at once (`StageDeadlineExceeded`);
 - a cancel was requested: the next stage does not start, the job ends `cancelled`;
 - `ctx.snooze(s)`: the job waits `s` seconds as `pending`, holding no slot, not a retry;
-- `ctx.pause(q)` / `PauseForResolution(q)`: the job is `paused` until `resume(id, answer)`.
+- `ctx.pause(q)` / `PauseForResolution(q)`: the job is `paused` until `resume(id, answer)`;
+- `ctx.wait_for_children(output)`: the stage is completed with `output` and the job `held`,
+  holding no slot, until the children it spawned (`ctx.spawn`) have ended.
 
-Cleanups run after the first four, not after a snooze or a pause (the attempt goes on later).
+Cleanups run after the first four, not after a snooze, a pause or a wait (the attempt goes on
+later).
 
-What a pipeline does not do: stages run in order, one at a time (no fan-out); a stage that
+What a pipeline does not do: stages run in order, one at a time (fan out to jobs of their own
+with `ctx.spawn_many`); a stage that
 raises is retried with its whole job, not on its own; a sync stage past its deadline cannot be
 stopped, only told (`ctx.cancelled` turns true) while its thread keeps the job's slot.
 """

@@ -14,7 +14,8 @@ the next one:
 - RUNNING_STAGE: skip the stages completed before; stop at a cancel (CLEANING_UP); record the
   next stage's start and run it (STAGE_ENDED); with none left, CONCLUDING.
 - STAGE_ENDED: a completed stage goes back to RUNNING_STAGE; a snooze or a pause is FINISHED
-  (the attempt goes on later); any other end is CLEANING_UP.
+  (the attempt goes on later), and so is a wait for the children the stage spawned, recorded
+  as its completion; any other end is CLEANING_UP.
 - CONCLUDING: the job's result, then CLEANING_UP.
 - CLEANING_UP: run the `ALL_DONE` stages, then FINISHING (the job's own event), then FINISHED.
 
@@ -281,11 +282,15 @@ class PipelineRun:
     async def _stage_ended(self) -> Phase:
         ended = self.ended
         assert ended is not None  # the phase is entered only then
-        if ended.how is Ending.COMPLETED:
+        if ended.how in (Ending.COMPLETED, Ending.WAITING):
             self.done = ended  # recorded with the next write
             self.ctx.outputs[ended.stage] = self.last_output = ended.output
             self.position += 1
-            return Phase.RUNNING_STAGE
+            if ended.how is Ending.COMPLETED:
+                return Phase.RUNNING_STAGE
+            # Held with its completion until its children end; then the next stage runs.
+            self.outcome = self._hand_over(Outcome(OutcomeKind.WAITING))
+            return Phase.FINISHED
         self.outcome = await self._close(ended)
         if self.outcome.kind in (OutcomeKind.SNOOZED, OutcomeKind.PAUSED):
             return Phase.FINISHED  # the attempt goes on later; nothing to clean up yet

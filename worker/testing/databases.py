@@ -25,12 +25,10 @@ import pytest
 
 import worker.client
 from worker.db import migrate
-from worker.db.connect import connect
+from worker.db.databases import create_database, drop_database
 from worker.db.embedded import LocalPostgres
 from worker.settings import get_settings
 from worker.urls import psycopg_url
-
-APPLICATION_NAME = "durable-worker-tests"
 
 
 def on_database(url: str, name: str) -> str:
@@ -46,14 +44,10 @@ class Databases:
         self.server_url = psycopg_url(server_url)  # any database the role can connect to
         self.template: str | None = None
 
-    def _execute(self, statement: str) -> None:
-        with connect(self.server_url, APPLICATION_NAME) as conn:
-            conn.execute(statement)
-
     def _template(self) -> str:
         if self.template is None:
             name = f"dw_template_{uuid.uuid4().hex[:12]}"
-            self._execute(f'CREATE DATABASE "{name}"')
+            create_database(self.server_url, name)
             migrate.upgrade(on_database(self.server_url, name))
             self.template = name
         return self.template
@@ -61,13 +55,13 @@ class Databases:
     def create(self) -> str:
         """The URL of a new database with the `worker` schema at the latest migration."""
         name = f"dw_test_{uuid.uuid4().hex[:12]}"
-        self._execute(f'CREATE DATABASE "{name}" TEMPLATE "{self._template()}"')
+        create_database(self.server_url, name, template=self._template())
         return on_database(self.server_url, name)
 
     def drop(self, url: str) -> None:
         """Drop the database of `url`, closing the sessions still on it."""
         name = urlsplit(url).path.lstrip("/")
-        self._execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        drop_database(self.server_url, name)
 
     def close(self) -> None:
         if self.template is not None:

@@ -34,7 +34,6 @@ from worker.daemon.plugins.heartbeat import SESSION_GRACE
 from worker.daemon.stage_store import DaemonStageStore
 from worker.daemon.worker import Worker
 from worker.db import admin
-from worker.db.connect import aconnect
 from worker.db.driver import RecordedOutcome, StageWrite
 from worker.db.embedded import database_url
 from worker.models import StageStatus
@@ -153,7 +152,7 @@ async def drain_ids(
     deadline = loop.time() + timeout
     running = asyncio.create_task(worker.run(), name="drain")
     try:
-        async with await aconnect(target, "durable-worker-drain") as conn:
+        async with admin.opened(target, "durable-worker-drain") as conn:
             while not running.done() and not worker.crash_done.is_set():
                 left = await admin.left_to_run(
                     conn, settings.queues, list(worker.registry), worker.id

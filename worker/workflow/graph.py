@@ -16,36 +16,28 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 from worker import tracing
 from worker.client import AsyncClient, Client, InvalidJob, Job, JobSpec, default_client
 from worker.client.job import new_job
-from worker.client.targets import AsyncTarget, SyncTarget
 from worker.client.validation import Batch, validated
+from worker.client.workflows import WorkflowHandle
 from worker.db import sql
+from worker.db.targets import AsyncTarget, SyncTarget
 from worker.encoding import dumps
 from worker.ids import new_job_id, new_job_ids
-from worker.models import JSON
+from worker.models import JSON, ParentFailure
 
 if TYPE_CHECKING:
     from worker.tasks import Task
-    from worker.workflow.handle import WorkflowHandle
 
 MAX_NAME = 255
 
 
 class InvalidWorkflow(InvalidJob):
     """A workflow was refused before anything was written: the message names the problem."""
-
-
-class ParentFailure(StrEnum):
-    """What a parent that failed for good, was cancelled or was deleted does to its child."""
-
-    CANCEL = "cancel"  # the child is cancelled, its error naming the parent
-    RUN = "run"  # the child runs anyway once every parent has ended (a finalizer)
 
 
 @dataclass(frozen=True)
@@ -122,7 +114,8 @@ class Workflow:
             policy = ParentFailure(on_parent_failure)
         except ValueError:
             raise InvalidWorkflow(
-                f"on_parent_failure must be 'cancel' or 'run', not {on_parent_failure!r}"
+                f"on_parent_failure must be one of {', '.join(repr(str(p)) for p in ParentFailure)}"
+                f", not {on_parent_failure!r}"
             ) from None
         if isinstance(task, str):
             task_name, stored, given_options = task, payload, options
@@ -234,8 +227,6 @@ class Workflow:
     def _handle(
         self, client: Client | AsyncClient, params: dict[str, Any], ids: list[str], row: Any
     ) -> WorkflowHandle:
-        from worker.workflow.handle import WorkflowHandle
-
         workflow_id, created = row
         if not created:
             return WorkflowHandle(str(workflow_id), self.name, self.key, {}, client, duplicate=True)
@@ -253,7 +244,7 @@ class Workflow:
         client = client or default_client()
         params, ids = self.build(client.max_payload_bytes)
         statement = sql.ENQUEUE_WORKFLOW  # idempotent by the workflow's id: safe to run again
-        (row,) = client._insert(statement, statement, params, connection, True)
+        (row,) = client._db.insert(statement, statement, params, connection, True)
         handle = self._handle(client, params, ids, row)
         return handle.refreshed() if handle.duplicate else handle
 
@@ -263,13 +254,11 @@ class Workflow:
         """`enqueue` on an `AsyncClient` (and an async connection of the caller's)."""
         params, ids = self.build(client.max_payload_bytes)
         statement = sql.ENQUEUE_WORKFLOW
-        (row,) = await client._insert(statement, statement, params, connection, True)
+        (row,) = await client._db.insert(statement, statement, params, connection, True)
         handle = self._handle(client, params, ids, row)
         return await handle.refreshed_async() if handle.duplicate else handle
 
     @staticmethod
     def get(workflow_id: str | UUID, *, client: Client | None = None) -> WorkflowHandle:
         """A handle on a workflow enqueued anywhere; `LookupError` if there is none."""
-        from worker.workflow.handle import WorkflowHandle
-
         return WorkflowHandle.read(str(workflow_id), client or default_client())

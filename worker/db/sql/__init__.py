@@ -107,6 +107,7 @@ from worker.db.sql.workflows import (
     ENQUEUE_WORKFLOW,
     GET_WORKFLOW,
     LIST_WORKFLOWS,
+    SPAWN,
     WAITING_FOR,
     WORKFLOW_JOBS,
 )
@@ -174,6 +175,7 @@ __all__ = [
     "SCHEDULE_ROWS",
     "SCHEMA_REVISION",
     "SET_LEASE",
+    "SPAWN",
     "STAGE_WRITES",
     "STUCK_BY_QUEUE",
     "SUMMARY_BY_STATUS",

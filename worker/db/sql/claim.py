@@ -282,16 +282,18 @@ ORDER BY next.priority DESC, next.fresh, next.run_at
 # claimed it), so a job rescued from this worker (then finished by another, or claimed again by
 # this one) is never overwritten by the attempt the rescue ended; the NOTIFY is sent at commit,
 # after the rows are visible, so a waiter woken by it reads the final state.
-# `outcome` is completed | retry | failed | cancelled | paused | snoozed. A retry becomes
-# pending while fewer than the attempt's `max_retries` were made (as its claim read them:
-# the job's own, else its task's, else the worker's), else failed; it waits for the delay its
-# task chose, or else the worker's backoff with jitter. `stage`, if not NULL,
+# `outcome` is completed | retry | failed | cancelled | paused | snoozed | waiting. A retry
+# becomes pending while fewer than the attempt's `max_retries` were made (as its claim read
+# them: the job's own, else its task's, else the worker's), else failed; it waits for the delay
+# its task chose, or else the worker's backoff with jitter. `stage`, if not NULL,
 # is a pipeline stage that finished with the attempt: it is recorded in the same statement (one
 # commit less per job), only where `done` took the outcome (the job is ours). Rows: see
 # `json_records` (a JSON null result or output arrives as SQL NULL, hence the coalesce).
-# A retry, snooze or pause that meets a cancel request (it landed after the job's last look)
-# is due at once instead: the next claim settles it cancelled, after the cleanup it owes. (The
-# cancel request is read from the row being updated, so one committed meanwhile is seen.)
+# A job waiting for the children it spawned is `held`; the trigger `jobs_awaiting_children`
+# (migration 0017) settles it in this transaction, once it has counted its children.
+# A retry, snooze, pause or wait that meets a cancel request (it landed after the job's last
+# look) is due at once instead: the next claim settles it cancelled, after the cleanup it owes.
+# (The cancel request is read from the row being updated, so one committed meanwhile is seen.)
 # A job whose row another client holds locked (an operator's open transaction) is skipped, not
 # waited for: the batch goes through, and the job comes back with a NULL status, to be written
 # again later (it is still ours, in this attempt). NO KEY UPDATE: the lock the UPDATE takes.
@@ -309,19 +311,20 @@ WITH r AS (
 ), done AS (
     UPDATE worker.jobs AS j SET
         status = CASE
-            WHEN r.outcome IN ('retry', 'snoozed', 'paused') AND j.cancel_requested
+            WHEN r.outcome IN ('retry', 'snoozed', 'paused', 'waiting') AND j.cancel_requested
             THEN 'pending'
             WHEN r.outcome = 'retry' THEN
                 CASE WHEN j.retry_count < r.max_retries
                      THEN 'pending' ELSE 'failed' END
             WHEN r.outcome = 'snoozed' THEN 'pending'
+            WHEN r.outcome = 'waiting' THEN 'held'
             ELSE r.outcome END,
         retry_count = j.retry_count + CASE
             WHEN r.outcome = 'retry' AND NOT j.cancel_requested
                  AND j.retry_count < r.max_retries
             THEN 1 ELSE 0 END,
         run_at = CASE
-            WHEN r.outcome IN ('retry', 'snoozed', 'paused') AND j.cancel_requested
+            WHEN r.outcome IN ('retry', 'snoozed', 'paused', 'waiting') AND j.cancel_requested
             THEN now()
             WHEN r.outcome = 'retry' THEN now() + make_interval(secs => coalesce(r.delay,
                 least(%(backoff_max)s, %(backoff_base)s * power(2, j.retry_count))

@@ -18,6 +18,16 @@ SELECT workflow_id, created FROM worker.enqueue_workflow(
     CAST(%(edges)s AS json), CAST(%(trace_context)s AS jsonb))
 """
 
+# Safe: one call of `worker.spawn()` (migration 0017) writes a running job's children and
+# their edges, with the spawner's row locked; each child's id is made from the spawner's id and
+# its key, so run again (a stage retried, a lost connection) it finds the children it wrote
+# before and writes nothing more (`created` false).
+SPAWN = """
+SELECT spawned_id, created FROM worker.spawn(
+    CAST(%(spawner)s AS uuid), CAST(%(jobs)s AS json), CAST(%(children)s AS json),
+    CAST(%(trace_context)s AS jsonb))
+"""
+
 GET_WORKFLOW = """
 SELECT id, name, key, created_at, held, pending, processing, paused, completed, failed,
        cancelled
@@ -59,13 +69,14 @@ ORDER BY d.parent_id
 # ids are time-ordered and a graph is added parents first), the order the release of children
 # locks them in, so this never deadlocks with an outcome write. As `sql.CANCEL` for each job:
 # one not running and owing no cleanup is cancelled at once, a running one gets the request.
-# A job whose policy is `run` (a finalizer) is left to run once its parents have ended; the
-# trigger `jobs_ended` (migration 0014) settles the held children of the jobs cancelled here.
+# A job whose policy is `run` (a finalizer) or `run_if_failed` (a batch's `on_failure`) is left
+# to its parents' outcomes; the trigger `jobs_ended` (migration 0014) settles the held children
+# of the jobs cancelled here.
 CANCEL_WORKFLOW = """
 WITH target AS (
     SELECT j.id, j.status, worker.owed_cleanup_attempt(j.id) IS NOT NULL AS owes_cleanup
     FROM worker.jobs AS j
-    WHERE j.workflow_id = %(id)s AND j.on_parent_failure <> 'run'
+    WHERE j.workflow_id = %(id)s AND j.on_parent_failure NOT IN ('run', 'run_if_failed')
       AND j.status IN ('pending', 'paused', 'processing', 'held')
     ORDER BY j.id
     FOR UPDATE

@@ -3,8 +3,10 @@
 A transactional enqueue runs on the caller's own SQLAlchemy connection or session, on the
 psycopg or asyncpg driver (`portable` rewrites a `%(name)s` statement for it), or on a plain
 psycopg connection, such as Django's (`connection.connection`), which runs our statements as
-they are. The blocking and asyncio clients import their SQLAlchemy types from here, under the
-names the generated blocking client expects. Nothing here opens a connection.
+they are: the adapters of `worker.db.client_async` (and its blocking twin) tell them apart.
+The clients type their `connection=` with `SyncTarget` and `AsyncTarget`; the adapters import
+their SQLAlchemy types from here, under the names the generated blocking twin expects. Nothing
+here opens a connection.
 """
 
 from __future__ import annotations
@@ -14,24 +16,21 @@ from functools import lru_cache
 from typing import Any
 
 import psycopg
-from sqlalchemy import Connection, Engine, Result, TextClause, text
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
+from sqlalchemy import Connection, Result, TextClause, text
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from sqlalchemy.orm import Session
 
 __all__ = [
     "ASYNC_TAKES",
     "SYNC_TAKES",
     "AsyncConnection",
-    "AsyncEngine",
     "AsyncSession",
     "AsyncTarget",
     "Connection",
-    "Engine",
     "Session",
     "SyncTarget",
     "portable",
     "rows",
-    "traced",
 ]
 
 SyncTarget = Connection | Session | psycopg.Connection[Any] | None
@@ -58,9 +57,3 @@ def portable(statement: str) -> TextClause:
 def rows(result: Result[Any], returning: bool) -> list[Any]:
     """The rows of a statement run on a caller's connection (none unless it returns some)."""
     return list(result.all()) if returning else []
-
-
-def traced(params: dict[str, Any], trace: str | None) -> dict[str, Any]:
-    """A batch's parameters with the trace context it was enqueued in (`worker.tracing`)."""
-    params["trace_context"] = trace
-    return params

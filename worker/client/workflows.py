@@ -1,5 +1,7 @@
 """`WorkflowHandle`: a workflow enqueued, valid in any process: its jobs, their counts by
-status, a wait for all of them to end, and a cancel of the whole graph."""
+status, a wait for all of them to end, and a cancel of the whole graph. Beside the `Job`
+handle, as both read, wait and cancel through the client that made them; a graph is
+declared and written by `worker.workflow`, a batch with callbacks by `enqueue_many`."""
 
 from __future__ import annotations
 
@@ -7,13 +9,18 @@ import asyncio
 import contextlib
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from worker.client import AsyncClient, Client, Job, JobError, JobNotFound, JobSpec
-from worker.client.job import new_job
+from worker.client.errors import JobNotFound
+from worker.client.job import Job, JobError, new_job
+from worker.client.validation import JobSpec
 from worker.client.waiting import deadline_of, time_left
 from worker.db import sql
 from worker.models import JobStatus
+
+if TYPE_CHECKING:
+    from worker.client._async import AsyncClient
+    from worker.client._sync import Client
 
 
 class WorkflowNotFound(LookupError):
@@ -46,18 +53,40 @@ class WorkflowHandle:
     parents: dict[str, list[str]] = field(default_factory=dict)
 
     def _sync(self) -> Client:
+        # Imported here: the clients make handles, so they import this module first.
+        from worker.client._sync import Client
+
         return self.client if isinstance(self.client, Client) else Client(self.client.url)
+
+    def _async(self) -> AsyncClient | None:
+        """The client that made the handle, if it is an `AsyncClient`."""
+        from worker.client._async import AsyncClient
+
+        return self.client if isinstance(self.client, AsyncClient) else None
 
     @classmethod
     def read(cls, workflow_id: str, client: Client) -> WorkflowHandle:
         """The workflow as it stands, with a handle on each of its jobs."""
-        found = client._run(sql.GET_WORKFLOW, {"id": workflow_id})
+        found = client._db.run(sql.GET_WORKFLOW, {"id": workflow_id})
         if not found:
             raise WorkflowNotFound(f"no workflow {workflow_id}")
-        row = found[0]
+        return cls._of(found[0], client._db.run(sql.WORKFLOW_JOBS, {"id": workflow_id}), client)
+
+    @classmethod
+    async def read_async(cls, workflow_id: str, client: AsyncClient) -> WorkflowHandle:
+        """`read` on an `AsyncClient`."""
+        found = await client._db.run(sql.GET_WORKFLOW, {"id": workflow_id})
+        if not found:
+            raise WorkflowNotFound(f"no workflow {workflow_id}")
+        job_rows = await client._db.run(sql.WORKFLOW_JOBS, {"id": workflow_id})
+        return cls._of(found[0], job_rows, client)
+
+    @classmethod
+    def _of(cls, row: Any, job_rows: Any, client: Client | AsyncClient) -> WorkflowHandle:
+        """The handle of `sql.GET_WORKFLOW`'s row and `sql.WORKFLOW_JOBS`' rows."""
         jobs: dict[str, Job] = {}
         parent_ids: dict[str, list[str]] = {}
-        for j in client._run(sql.WORKFLOW_JOBS, {"id": workflow_id}):
+        for j in job_rows:
             spec = JobSpec(
                 j.task,
                 j.payload,
@@ -84,14 +113,15 @@ class WorkflowHandle:
 
     def status(self) -> dict[JobStatus, int]:
         """How many of its jobs are in each status now."""
-        found = self._sync()._run(sql.GET_WORKFLOW, {"id": self.id})
+        found = self._sync()._db.run(sql.GET_WORKFLOW, {"id": self.id})
         if not found:
             raise WorkflowNotFound(f"no workflow {self.id}")
         return _counts(found[0])
 
     async def status_async(self) -> dict[JobStatus, int]:
-        if isinstance(self.client, AsyncClient):
-            found = await self.client._run(sql.GET_WORKFLOW, {"id": self.id})
+        client = self._async()
+        if client is not None:
+            found = await client._db.run(sql.GET_WORKFLOW, {"id": self.id})
             if not found:
                 raise WorkflowNotFound(f"no workflow {self.id}")
             return _counts(found[0])
@@ -126,14 +156,15 @@ class WorkflowHandle:
     def cancel(self) -> int:
         """Cancel every job of the workflow that has not ended, as `cancel` does one job (a
         running job stops at its next stage boundary, after its cleanup), except its
-        finalizers (`on_parent_failure="run"`), which run once their parents have ended.
-        Returns how many jobs were cancelled or asked to stop."""
-        (row,) = self._sync()._run(sql.CANCEL_WORKFLOW, {"id": self.id})
+        finalizers (`on_parent_failure="run"` or `"run_if_failed"`), which their parents'
+        outcomes settle. Returns how many jobs were cancelled or asked to stop."""
+        (row,) = self._sync()._db.run(sql.CANCEL_WORKFLOW, {"id": self.id})
         return int(row.changed)
 
     async def cancel_async(self) -> int:
-        if isinstance(self.client, AsyncClient):
-            (row,) = await self.client._run(sql.CANCEL_WORKFLOW, {"id": self.id})
+        client = self._async()
+        if client is not None:
+            (row,) = await client._db.run(sql.CANCEL_WORKFLOW, {"id": self.id})
             return int(row.changed)
         return await asyncio.to_thread(self.cancel)
 
@@ -152,7 +183,7 @@ def waiting_for(client: Client, job_id: str) -> list[WaitedParent]:
     """The parents the job still waits for, by id; none for a job that is not held."""
     return [
         WaitedParent(str(r.parent_id), r.node, r.task, JobStatus(r.status) if r.status else None)
-        for r in client._run(sql.WAITING_FOR, {"id": job_id})
+        for r in client._db.run(sql.WAITING_FOR, {"id": job_id})
     ]
 
 
@@ -168,9 +199,15 @@ class WorkflowSummary:
     counts: dict[JobStatus, int]
 
 
+def _summary(r: Any) -> WorkflowSummary:
+    return WorkflowSummary(str(r.id), r.name, r.key, r.created_at, int(r.jobs), _counts(r))
+
+
 def list_workflows(client: Client, limit: int) -> list[WorkflowSummary]:
     """The newest `limit` workflows, newest first."""
-    return [
-        WorkflowSummary(str(r.id), r.name, r.key, r.created_at, int(r.jobs), _counts(r))
-        for r in client._run(sql.LIST_WORKFLOWS, {"limit": limit})
-    ]
+    return [_summary(r) for r in client._db.run(sql.LIST_WORKFLOWS, {"limit": limit})]
+
+
+async def list_workflows_async(client: AsyncClient, limit: int) -> list[WorkflowSummary]:
+    """`list_workflows` on an `AsyncClient`."""
+    return [_summary(r) for r in await client._db.run(sql.LIST_WORKFLOWS, {"limit": limit})]
