@@ -190,3 +190,31 @@ def test_a_retry_racing_another_parent_s_outcome_leaves_no_child_held(
         _wait_status(database_url, ids["child"], "completed")
         assert _runs(database_url, ids["child"]) == ["ran:0"]
     assert query(database_url, "SELECT count(*) FROM worker.held_jobs")[0][0] == 0
+
+
+def test_a_child_cancelled_as_not_needed_is_not_re_armed(database_url):
+    """A `run_if_failed` child whose parents all completed is cancelled as not needed, and so
+    are the jobs after it, in the same settling; a parent moved back by hand in SQL re-arms
+    none of them, as that decision is not a parent's ending cancelling it."""
+    client = Client(database_url)
+    wf = Workflow("not needed")
+    done = wf.add("part", {"n": 1}, name="done")
+    alert = wf.add("finalize", {}, name="alert", after=[done], on_parent_failure="run_if_failed")
+    wf.add("finalize", {}, name="after_alert", after=[alert])
+    ids = {name: job.job_id for name, job in wf.enqueue(client=client).jobs.items()}
+    moved = "UPDATE worker.jobs SET status = %s WHERE id = %s"
+    query(database_url, moved, ("completed", ids["done"]))
+    assert _status(database_url, ids["alert"]) == (
+        "cancelled",
+        "cancelled: not needed, every parent completed",
+    )
+    assert _status(database_url, ids["after_alert"]) == (
+        "cancelled",
+        f"cancelled: parent {ids['alert']} (alert) was cancelled",
+    )
+    query(database_url, moved, ("pending", ids["done"]))
+    assert _status(database_url, ids["alert"])[0] == "cancelled"
+    assert _status(database_url, ids["after_alert"])[0] == "cancelled"
+    # Retried by hand, the alert re-arms what its cancellation cancelled.
+    client.retry(ids["alert"])
+    assert _status(database_url, ids["after_alert"]) == ("held", None)
