@@ -203,8 +203,10 @@ def main() -> None:
                         # The floor just before: the ratio to it is of drains seconds apart.
                         if "bare" in libs:
                             emit(bare.measure(server, args.jobs, procs, 10, run))
-                        bench.drain(a, run, procs, variant="warning")
-                        bench.drain(a, run, procs, variant="info")
+                        # The two levels in turns, each first every other run, so neither
+                        # always meets the machine as the other left it.
+                        for variant in ("warning", "info") if run % 2 else ("info", "warning"):
+                            bench.drain(a, run, procs, variant=variant)
                     else:
                         bench.drain(a, run, procs)
             if "latency" in only:

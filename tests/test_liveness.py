@@ -81,9 +81,7 @@ def test_a_killed_workers_ten_jobs_start_again_within_seconds_at_the_default_lea
     assert "rescued: its worker was lost" in processes.log(survivor)
 
 
-def test_a_worker_started_after_the_whole_fleet_died_rescues_at_once(
-    env, database_url, processes
-):
+def test_a_worker_started_after_the_whole_fleet_died_rescues_at_once(env, database_url, processes):
     victim, ids = victim_holding_ten_jobs(env, database_url, processes)
     # And a worker with no liveness lock (an older release, or one behind a transaction
     # pooler) whose lease ran out a minute ago, still holding a job.

@@ -77,7 +77,7 @@ def run(
     from worker.daemon import DutyFailed, Worker
     from worker.daemon.db import DatabaseUnreachable, wait_for_database
     from worker.db.connect import PoolerMismatch
-    from worker.logs import configure
+    from worker.logs import configure, flush
 
     s = settings()
     given = {
@@ -132,6 +132,8 @@ def run(
     finally:
         if server is not None:
             server.stop()
+        # The loop's last lines, before an error's own words and before `os._exit` below.
+        flush()
     if any(t.name.startswith("worker-task") and t.is_alive() for t in threading.enumerate()):
         # A sync task ignoring its timeout still runs; its job was handed back already.
         sys.stderr.flush()

@@ -27,7 +27,7 @@ from worker.attempt import Runtime, TaskTimeout
 from worker.daemon.stage_store import JobLost, storable_text
 from worker.db.driver import UnreadableJSON
 from worker.encoding import NotStorable, dumps
-from worker.logs import fields
+from worker.logs import fields, log_info
 from worker.middleware import around
 from worker.models import ClaimedJob, Outcome, OutcomeKind, StageEnd, StageStatus
 from worker.settings import Settings
@@ -111,19 +111,18 @@ class Executor:
             cancel.set()
         self.tasks[job.id] = asyncio.create_task(self._execute(job, cancel), name=f"job-{job.id}")
         if job_log.isEnabledFor(logging.INFO):
-            job_log.info(
+            log_info(
+                job_log,
+                "job.started",
                 "job %s (%s) started, attempt %d (queue %s)",
                 job.id,
                 job.task,
                 job.attempt,
                 job.queue,
-                extra=fields(
-                    "job.started",
-                    job_id=job.id,
-                    task=job.task,
-                    queue=job.queue,
-                    attempt=job.attempt,
-                ),
+                job_id=job.id,
+                task=job.task,
+                queue=job.queue,
+                attempt=job.attempt,
             )
 
     async def _execute(self, job: ClaimedJob, cancel: threading.Event) -> None:

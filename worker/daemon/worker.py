@@ -40,7 +40,7 @@ from worker.db.driver import Closable, Driver, RecordedOutcome, Registration
 from worker.db.errors import TRANSIENT, describe
 from worker.db.postgres import PostgresDriver
 from worker.events import PostgresBus, ProgressBus
-from worker.logs import fields, first_line
+from worker.logs import fields, first_line, log_info
 from worker.middleware import MIDDLEWARE
 from worker.models import JobStatus
 from worker.schedules import SCHEDULES
@@ -49,6 +49,11 @@ from worker.tasks import REGISTRY, Executable
 
 log = logging.getLogger("worker.daemon")
 job_log = logging.getLogger("worker.jobs")
+# An outcome's event and words: a job back to pending is a retry after a failed attempt, or a
+# snooze. A retry's or a failure's line also says why.
+_OUTCOME_EVENT = {s: "job.requeued" if s == JobStatus.PENDING else f"job.{s}" for s in JobStatus}
+_OUTCOME_WORDS = {s: "back to pending" if s == JobStatus.PENDING else str(s) for s in JobStatus}
+_SAY_WHY = frozenset({JobStatus.PENDING, JobStatus.FAILED})
 
 
 class DutyFailed(Exception):
@@ -299,32 +304,25 @@ class Worker:
         if not job_log.isEnabledFor(logging.INFO):
             return
         for row in rows:
-            # A job back to pending is a retry after a failed attempt, or a snooze.
-            again = row.status == JobStatus.PENDING
             # A retry's or a failure's line says why: its error's first line (for an exception,
             # its type and message), cut from the text only here, where it is logged.
-            why = (
-                first_line(row.error)
-                if row.error is not None and (again or row.status == JobStatus.FAILED)
-                else None
-            )
-            job_log.info(
+            why = first_line(row.error) if row.error is not None and row.status in _SAY_WHY else ""
+            log_info(
+                job_log,
+                _OUTCOME_EVENT[row.status],
                 "job %s (%s) %s after %.3f s (queue %s, retries %d)%s",
                 row.id,
                 row.task,
-                "back to pending" if again else row.status,
+                _OUTCOME_WORDS[row.status],
                 row.duration or 0.0,
                 row.queue,
                 row.retry_count,
                 f": {why}" if why else "",
-                extra=fields(
-                    "job.requeued" if again else f"job.{row.status}",
-                    job_id=row.id,
-                    task=row.task,
-                    queue=row.queue,
-                    status=row.status,
-                    duration=round(float(row.duration or 0.0), 6),
-                    retry_count=row.retry_count,
-                    **({"error": why} if why else {}),
-                ),
+                job_id=row.id,
+                task=row.task,
+                queue=row.queue,
+                status=row.status,
+                duration=round(float(row.duration or 0.0), 6),
+                retry_count=row.retry_count,
+                **({"error": why} if why else {}),
             )
