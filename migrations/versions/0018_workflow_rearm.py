@@ -82,9 +82,10 @@ SELECT format('cancelled: parent %s%s was %s', parent,
 $$
 """
 
-# 0014's rule, a generation per pass: the children this pass cancelled end in turn, so the
-# next pass takes them as the parents that ended. Each cancelled child's edge from the parent
-# that cancelled it is marked, so a retry of that parent can re-arm it.
+# 0016's rule (0014's, with failed parents counted and `run_if_failed`), a generation per
+# pass: the children this pass cancelled end in turn, so the next pass takes them as the
+# parents that ended. Each child a parent's ending cancelled has its edge from that parent
+# marked, so a retry of that parent can re-arm it; a child cancelled as not needed has none.
 PARENTS_ENDED = """
 CREATE OR REPLACE FUNCTION worker.parents_ended(parents uuid[], outcomes text[])
 RETURNS integer
@@ -174,7 +175,8 @@ END $$
 # went back to a live status wait again. A child waiting for other parents (a finalizer) waits
 # for these too. A child their ending cancelled goes back to `held`, waiting for every parent
 # not ended, unless another parent's ending still cancels it: then it stays cancelled, naming
-# that parent, whose own retry will re-arm it. Children are locked in id order, as
+# that parent, whose own retry will re-arm it. Each such child's `waiting_on` and
+# `failed_parents` are counted again from its edges. Children are locked in id order, as
 # `worker.parents_ended()` locks them, so the two never deadlock on them.
 PARENTS_RETRIED = """
 CREATE FUNCTION worker.parents_retried(retried uuid[]) RETURNS integer
