@@ -2,8 +2,9 @@
 
 `fan_out` spawns one `square` child per part in its first stage (and, told to nest, a `fan_out`
 child of its own), records how many of them were spawned before (a retried attempt finds them
-all), and waits for them; its second stage reads their results. A part can be told to fail,
-or to wait for a gate the test holds. `two_rounds` spawns and waits in two stages in turn.
+all), and waits for them; its second stage reads their results. A part can be told to fail
+(until the test fixes it), or to wait for a gate the test holds. `two_rounds` spawns and waits
+in two stages in turn.
 """
 
 from __future__ import annotations
@@ -35,9 +36,19 @@ async def square(payload: dict[str, Any], ctx: Any) -> dict[str, int]:
             os.environ["DATABASE_URL"], autocommit=True
         ) as conn:
             await conn.execute("SELECT pg_advisory_lock_shared(%s)", (GATE,))
-    if payload.get("fail"):
+    if payload.get("fail") and not fixed(ctx.job_id):
         raise RuntimeError(f"part {payload['i']} failed")
     return {"square": int(payload["i"]) ** 2}
+
+
+def fixed(job: str) -> bool:
+    """Whether a test fixed this failing part before retrying it."""
+    row = (
+        task_connection()
+        .execute("SELECT FROM effects WHERE job = %s AND kind = 'fix'", (job,))
+        .fetchone()
+    )
+    return row is not None
 
 
 def _unended(ids: list[str]) -> int:

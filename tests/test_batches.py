@@ -266,3 +266,36 @@ def test_a_batch_without_callbacks_is_the_plain_list_it_always_was(database_url,
     assert type(jobs) is list and len(jobs) == 3
     assert len(sent) == 1 and sent[0].startswith("COPY worker.jobs")
     assert _written(database_url) == (3, 0, 0)
+
+
+@pytest.mark.parametrize("second", ["completed", "failed"])
+def test_a_retried_failed_job_of_a_batch_no_longer_counts_as_failed(
+    env, database_url, processes: Processes, second
+):
+    """A job of a batch fails while another still runs, and is retried: the callbacks wait for
+    it again and no longer count its failure. Completed the second time, `on_failure` is
+    cancelled as not needed; failed again, it runs, reading one failure (migration 0018)."""
+    client = Client(database_url)
+    jobs = client.enqueue_many(
+        [("item", {"n": n}) for n in range(2)], on_complete="summarize", on_failure="summarize"
+    )
+    assert jobs.on_complete is not None and jobs.on_failure is not None
+    callbacks = (jobs.on_complete.job_id, jobs.on_failure.job_id)
+    counts = "SELECT waiting_on, failed_parents, status FROM worker.jobs WHERE id = %s"
+    ended = "UPDATE worker.jobs SET status = %s, finished_at = now() WHERE id = %s"
+    query(database_url, ended, ("failed", jobs[0].job_id))
+    assert [query(database_url, counts, (c,)) for c in callbacks] == [[(1, 1, "held")]] * 2
+    client.retry(jobs[0].job_id)
+    assert [query(database_url, counts, (c,)) for c in callbacks] == [[(2, 0, "held")]] * 2
+    query(database_url, ended, (second, jobs[0].job_id))
+    query(database_url, ended, ("completed", jobs[1].job_id))
+    processes.worker(env, "batchtasks")
+    failed = int(second == "failed")
+    result = jobs.on_complete.wait_sync(timeout=30)
+    assert result == {"completed": 2 - failed, "failed": failed, "cancelled": 0, "deleted": 0}
+    if failed:
+        assert jobs.on_failure.wait_sync(timeout=30) == result
+    else:
+        wait_for(partial(_ended, database_url, callbacks[1]), message="on_failure ended")
+        assert _row(database_url, callbacks[1])[:2] == ("cancelled", NOT_NEEDED)
+        assert _runs(database_url, callbacks[1]) == []

@@ -49,6 +49,23 @@ def test_upgrade_downgrade_upgrade_round_trips(empty_database_url):
     assert schema_diff(url) == []
 
 
+def test_0018_downgrade_puts_back_the_rule_0017_ran(empty_database_url):
+    """0018's downgrade leaves 0016's `worker.parents_ended()`, as 0017 had it: a child's
+    failed parents counted, no loop, no re-arm."""
+    url = empty_database_url
+    definition = "SELECT pg_get_functiondef('worker.parents_ended(uuid[], text[])'::regprocedure)"
+    migrate.upgrade(url, "0017")
+    at_0017 = query(url, definition)
+    migrate.upgrade(url)
+    (now,) = query(url, definition)[0]
+    assert "failed_parents" in now and "worker.settling" in now and "not needed" in now
+    migrate.downgrade(url, "0017")
+    assert query(url, definition) == at_0017
+    assert query(url, "SELECT to_regproc('worker.parents_retried')") == [(None,)]
+    migrate.upgrade(url)
+    assert schema_diff(url) == []
+
+
 @pytest.mark.smoke
 def test_plain_insert_is_a_complete_enqueue(database_url):
     (row,) = query(

@@ -17,11 +17,19 @@ from pathlib import Path
 import psycopg
 import pytest
 from chaos.harness import OwnServer
-from support import Processes, effects, query, wait_for, wait_for_status, worker_env
+from support import (
+    Processes,
+    effects,
+    query,
+    status_of,
+    wait_for,
+    wait_for_status,
+    worker_env,
+)
 from support.pooler import MISSING, PGBOUNCER, PgBouncer, fleet_command
 from support.servers import ServerLog
 
-from worker import Client, JobStatus
+from worker import Client, JobStatus, Workflow
 from worker.daemon.db import Patience
 from worker.db import admin
 from worker.db.connect import PoolerMismatch
@@ -134,6 +142,31 @@ def test_no_setting_nor_prepared_statement_of_a_worker_reaches_another_client_of
     assert all(value in (None, "") for [(value,)] in lease), lease
     plans = each_server_session(bouncer, 4, "SHOW plan_cache_mode")
     assert plans == [[("auto",)]] * 4
+
+
+def test_a_workflow_behind_pgbouncer_completes_and_a_retry_re_arms_it(
+    env, database_url, bouncer, pooled_client, processes
+):
+    for _ in range(2):
+        processes.worker(pooled_env(env, bouncer, WORKER_CONCURRENCY="4"), "workflowtasks")
+    wf = Workflow("export")
+    tables = [wf.add("part", {"n": n}, name=f"export_{n}") for n in range(12)]
+    flaky = wf.add("flaky", {"n": 12}, name="flaky", max_retries=0)
+    verify = wf.add("fan_in", {}, name="verify", after=[*tables, flaky])
+    wf.add("finalize", {}, name="clean_up", after=[verify], on_parent_failure="run")
+    handle = wf.enqueue(client=pooled_client)
+    ids = {name: job.job_id for name, job in handle.jobs.items()}
+    wait_for(lambda: handle.status()[JobStatus.COMPLETED] == 13, message="the exports and clean_up")
+    assert handle.status()[JobStatus.CANCELLED] == 1
+    query(database_url, "INSERT INTO effects (job, kind) VALUES (%s, 'fix')", (ids["flaky"],))
+    pooled_client.retry(ids["flaky"])
+    wait_for(lambda: status_of(database_url, ids["verify"]) == "completed", message="verify")
+    assert effects(database_url, ids["verify"]) == ["ran:0"]
+    result = "SELECT result FROM worker.jobs WHERE id = %s"
+    assert query(database_url, result, (ids["verify"],))[0][0]["sum"] == sum(range(13))
+    # The settling functions' mark is the transaction's own: no session of the pool keeps it.
+    settling = each_server_session(bouncer, 4, "SELECT current_setting('worker.settling', true)")
+    assert all(value in (None, "") for [(value,)] in settling), settling
 
 
 def test_worker_migrate_through_pgbouncer_leaves_nothing_on_the_pool(empty_database_url, tmp_path):

@@ -180,12 +180,13 @@ def test_worker_prunes_old_finished_jobs_on_its_schedule(env, database_url, proc
         # Default WORKER_RETENTION_DAYS (7); a long lease keeps the rescuer off 'old processing'.
         extra={"WORKER_RETENTION_INTERVAL": "0.5", "WORKER_LEASE_SECONDS": "120"},
     )
+    # The duty deletes batch by batch, resting in between: wait for its last batch too.
     wait_for(
-        lambda: remaining(database_url, jobs) == expected_after_pruning(jobs, DOOMED),
+        lambda: query(database_url, "SELECT count(*) FROM worker.jobs") == [(len(jobs) - 3,)],
         timeout=60,
         message="retention to prune the old finished jobs",
     )
-    assert query(database_url, "SELECT count(*) FROM worker.jobs") == [(len(jobs) - 3,)]
+    assert remaining(database_url, jobs) == expected_after_pruning(jobs, DOOMED)
     statuses = dict(
         query(
             database_url,

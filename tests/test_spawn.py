@@ -272,3 +272,32 @@ def test_a_child_ended_by_the_write_that_holds_its_spawner_is_counted_once(datab
             (second,),
         )
     assert _row(database_url, spawner)[0] == "pending"
+
+
+def test_a_retried_child_re_arms_the_spawner_its_failure_cancelled(env, database_url, processes):
+    """A child that fails for good cancels its waiting spawner; retried and completed, it
+    re-arms the spawner, which goes on to the stage after its wait, once, and reads every
+    child completed (migration 0018)."""
+    wf = Workflow("re-armed spawner")
+    wf.add("fan_out", {"parts": 3, "fail": [1], "wait_until_ended": True})
+    handle = wf.enqueue(client=Client(database_url))
+    spawner = handle.jobs["fan_out"].job_id
+    processes.worker(env, "spawntasks", extra={"WORKER_CONCURRENCY": "4"})
+    wait_for(lambda: _row(database_url, spawner)[0] == "cancelled", message="cancelled")
+    failed = _children(database_url, spawner)[1][0]
+    assert (
+        _row(database_url, spawner)[1] == f"cancelled: parent {failed} (fan_out/part-1) was failed"
+    )
+    query(database_url, "INSERT INTO effects (job, kind) VALUES (%s, 'fix')", (failed,))
+    Client(database_url).retry(failed)
+    # Held again by the retry itself (the worker may have let it go since), its error cleared.
+    status, error, _ = _row(database_url, spawner)
+    assert status in ("held", "pending", "processing", "completed") and error is None
+    wait_for(lambda: _row(database_url, spawner)[0] == "completed", message="completed")
+    result = _row(database_url, spawner)[2]
+    assert result["statuses"] == ["completed"] * 3
+    assert result["sum"] == 0 + 1 + 4
+    assert result["split"] == {"parts": 3}
+    kinds = _effects(database_url, spawner)
+    assert [k for k in kinds if k.startswith("spawned:")] == ["spawned:1:3:0"]
+    assert kinds.count("gathered") == 1

@@ -63,3 +63,16 @@ def boom(payload: dict[str, Any]) -> None:
 def finalize(payload: dict[str, Any], ctx: Any) -> dict[str, str]:
     record(ctx.job_id, "finalized")
     return {p.node or p.job_id: p.status for p in ctx.parents}
+
+
+@task
+def flaky(payload: dict[str, Any], ctx: Any) -> dict[str, int]:
+    """Fails until the test records a fix for this job, so that a retry then completes."""
+    (fixed,) = (
+        task_connection()
+        .execute("SELECT count(*) FROM effects WHERE job = %s AND kind = 'fix'", (ctx.job_id,))
+        .fetchone()
+    )
+    if not fixed:
+        raise RuntimeError("not fixed yet")
+    return {"n": int(payload.get("n", 0))}

@@ -39,7 +39,7 @@ from worker.models import JobEnding, JobStatus, Outcome, OutcomeKind, ProgressEv
 from worker.retries import Backoff, Retry
 from worker.stages import ALL_DONE, ALL_SUCCESS, Pipeline, TriggerRule
 from worker.tasks import Context, JobCancelled, PauseForResolution, Task, WaitForChildren, task
-from worker.workflow import InvalidWorkflow, Workflow, WorkflowHandle
+from worker.workflow import InvalidWorkflow, ParentFailure, Workflow, WorkflowHandle
 
 __all__ = [
     "ALL_DONE",
@@ -64,6 +64,7 @@ __all__ = [
     "Middleware",
     "Outcome",
     "OutcomeKind",
+    "ParentFailure",
     "PauseForResolution",
     "Pipeline",
     "ProgressEvent",

@@ -128,6 +128,13 @@ jobs = Table(
     Index("jobs_workflow_idx", "workflow_id", postgresql_where=text("workflow_id IS NOT NULL")),
     Index("jobs_held_idx", "queue", postgresql_where=text("status = 'held'")),
     Index(
+        "jobs_live_workflow_idx",
+        "workflow_id",
+        postgresql_where=text(
+            "workflow_id IS NOT NULL AND status IN ('pending', 'processing', 'paused', 'held')"
+        ),
+    ),
+    Index(
         "jobs_unique_key_idx",
         "unique_key",
         unique=True,
@@ -288,6 +295,8 @@ job_dependencies = Table(
     # (both NULL on a parent declared in a graph; migration 0017).
     Column("spawn_key", Text, nullable=True),
     Column("spawn_order", Integer, nullable=True),
+    # The parent's ending cancelled the child: a retry of the parent re-arms it (migration 0018).
+    Column("cancelled_child", Boolean, nullable=False, server_default=text("false")),
     PrimaryKeyConstraint("child_id", "parent_id", name="job_dependencies_pkey"),
     CheckConstraint(
         "ended_as IN ('completed', 'failed', 'cancelled', 'deleted')",

@@ -46,6 +46,7 @@ LEGAL_TRANSITIONS = {
     ("held", "pending"),  # its last parent ended
     ("held", "cancelled"),  # a parent failed (policy cancel), or a cancel
     ("processing", "held"),  # a stage waits for its children (migration 0017)
+    ("cancelled", "held"),  # the parent that cancelled it was retried (migration 0018)
 }
 
 # The audit also runs for writes made inside the schema's own functions, whose search path is

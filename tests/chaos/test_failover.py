@@ -5,7 +5,8 @@ Three `worker run` processes and a producer use one multi-host URL
 own. Every enqueue the producer saw acknowledged (a job id returned) must complete on the new
 primary; an enqueue that could not be acknowledged must reach the producer as an error, never
 as a silent loss; and `verify` holds on the new primary (one terminal status per job, every
-effect at least once).
+effect at least once). A workflow whose chain of jobs runs across the failover completes, each
+job starting only after its parents' effects.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from chaos.harness import (
     wait_all_finished,
     wait_until,
 )
-from worker import Client, Job
+from worker import Client, Job, Workflow, WorkflowHandle
 from worker.db import migrate
 
 pytestmark = pytest.mark.chaos
@@ -101,11 +102,45 @@ class Producer:
         return sum(1 for at, _ in self.acknowledged if at > moment)
 
 
+# Links of a chain, claimed ahead of the workload, so that one is running when the primary
+# dies and the rest run on the new primary.
+CHAIN = 30
+
+
+def enqueue_workflow(url: str) -> WorkflowHandle:
+    wf = Workflow("across the failover")
+    links = [wf.add("chaos_sync", {"sleep": 0.2, "n": 0}, priority=10)]
+    for n in range(1, CHAIN):
+        links.append(wf.add("chaos_sync", {"sleep": 0.2, "n": n}, after=[links[-1]], priority=10))
+    fan_in = wf.add("chaos_sync", {}, name="fan_in", after=links, priority=10)
+    wf.add("chaos_sync", {}, name="clean_up", after=[fan_in], on_parent_failure="run")
+    client = Client(url)
+    try:
+        return wf.enqueue(client=client)
+    finally:
+        client.close()
+
+
+def started_before_its_parents_ended(url: str, handle: WorkflowHandle) -> list[str]:
+    """The workflow's jobs with an effect earlier than one of a parent's effects."""
+    rows = query(
+        url,
+        "SELECT d.child_id::text FROM worker.job_dependencies AS d "
+        "JOIN worker.jobs AS c ON c.id = d.child_id "
+        "WHERE c.workflow_id = %s AND (SELECT min(e.at) FROM chaos_effects AS e "
+        "WHERE e.job = d.child_id) < (SELECT max(e.at) FROM chaos_effects AS e "
+        "WHERE e.job = d.parent_id)",
+        (handle.id,),
+    )
+    return [r[0] for r in rows]
+
+
 def test_primary_crash_and_promotion_lose_no_acknowledged_job(replicated, fleet):
     pair = replicated
     jobs = 1500
     read_only_for = 2.0
     enqueue_workload(pair.primary_url, jobs, sleep=0.05)
+    workflow = enqueue_workflow(pair.primary_url)
     workers = fleet(pair.url)
     procs = [workers.start(concurrency=8) for _ in range(3)]
     started = time.monotonic()
@@ -116,6 +151,11 @@ def test_primary_crash_and_promotion_lose_no_acknowledged_job(replicated, fleet)
         pair.kill_primary()
         killed_at = time.monotonic()
         before = finished_count(pair.standby_url)  # the standby stays readable meanwhile
+        (workflow_left,) = query(
+            pair.standby_url,
+            "SELECT count(*) FROM worker.jobs WHERE workflow_id = %s AND status <> 'completed'",
+            (workflow.id,),
+        )[0]
         time.sleep(read_only_for)
         pair.promote()
         promoted_at = time.monotonic()
@@ -152,6 +192,11 @@ def test_primary_crash_and_promotion_lose_no_acknowledged_job(replicated, fleet)
     total = int(query(pair.standby_url, "SELECT count(*) FROM worker.jobs")[0][0])
     wait_all_finished(pair.standby_url, total, timeout=240)
     report = verify(pair.standby_url, "failover", time.monotonic() - started)
+
+    # The workflow's jobs are among those `verify` found completed, each after its parents.
+    assert workflow_left > 0, "the workflow had ended before the primary died"
+    assert len(workflow.jobs) == CHAIN + 2
+    assert started_before_its_parents_ended(pair.standby_url, workflow) == []
 
     # Every acknowledged enqueue is a job on the new primary, and (by `verify`) completed.
     (missing,) = query(

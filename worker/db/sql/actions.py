@@ -43,7 +43,9 @@ RETURNING id, pg_notify('worker_jobs', queue) IS NULL AS _
 # Its stage rows are renumbered to attempt 0 in the same statement, because attempts count
 # from 1 again and the stage runner tells an owed cleanup by attempt number (nothing is owed
 # here: a job only becomes failed or cancelled once its cleanup ran).
-# A job whose unique key another live job holds stays as it is (`jobs_unique_key_idx`).
+# A job whose unique key another live job holds stays as it is (`jobs_unique_key_idx`). A job
+# of a workflow re-arms the descendants its ending cancelled: the trigger `jobs_ended` does it
+# in this statement (migration 0018), for this statement and every other that retries.
 RETRY = """
 WITH job AS (
     UPDATE worker.jobs AS j SET status = 'pending', retry_count = 0, run_at = now(),
@@ -87,11 +89,13 @@ FROM worker.job_stages WHERE job_id = %(id)s ORDER BY status = 'waiting', starte
 # with their job (the trigger `jobs_deleted`). The fixed status list keeps live jobs out
 # whatever the caller passes, and matches the partial index jobs_finished_idx; SKIP LOCKED lets
 # two pruners (or an operator retrying a failed job) pass each other instead of waiting.
+# `worker.history_kept` (migration 0018) keeps a workflow's jobs until all of them have ended,
+# and a job until every job waiting for it has ended.
 PRUNE_BATCH = """
 WITH doomed AS (
-    SELECT id FROM worker.jobs
+    SELECT id FROM worker.jobs AS j
     WHERE status = ANY(%(statuses)s::text[]) AND finished_at < %(before)s
-      AND status IN ('completed', 'failed', 'cancelled')
+      AND status IN ('completed', 'failed', 'cancelled') AND NOT worker.history_kept(j)
     ORDER BY finished_at
     LIMIT %(batch)s
     FOR UPDATE SKIP LOCKED

@@ -123,8 +123,9 @@ FROM moved GROUP BY queue
 # Read-only: how many finished jobs a prune will delete, per status (jobs_finished_idx), for
 # its dry run, its question and its progress.
 COUNT_PRUNABLE = """
-SELECT status, count(*) FROM worker.jobs
+SELECT status, count(*) FROM worker.jobs AS j
 WHERE status = ANY(%(statuses)s::text[]) AND finished_at < %(before)s
+  AND NOT worker.history_kept(j)
 GROUP BY status ORDER BY status
 """
 

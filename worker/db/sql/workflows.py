@@ -3,6 +3,8 @@
 The rule that releases a held job (a child becomes due in the transaction that records its
 last parent's outcome) is not here: it lives in the database, `worker.parents_ended()`, which
 the triggers `jobs_ended` and `jobs_gone` call for every write that ends a job (migration 0014).
+Nor is its reverse: a job moved back out of an ended status (a retry) re-arms the children its
+ending cancelled, by `worker.parents_retried()` from the same trigger (migration 0018).
 """
 
 # Safe: one call of `worker.enqueue_workflow()` writes the workflow, every job and every edge
