@@ -38,7 +38,6 @@ WORKLOADS = [
     "memory",
     "cpu",
     "kills",
-    "herd",
 ]
 PEERS = ["pgqueuer", "procrastinate", "chancy"]
 LIBS = ["durable", *PEERS, "bare"]
@@ -65,9 +64,6 @@ def parse() -> argparse.Namespace:
     )
     ap.add_argument(
         "--kills", type=int, default=20, help="SIGKILLs of a worker holding 10 jobs (kills; 20)"
-    )
-    ap.add_argument(
-        "--herd-jobs", type=int, default=200, help="jobs trickled on idle processes (herd; 200)"
     )
     ap.add_argument("--out", default="bench/results/latest.md", help="also write the table here")
     ap.add_argument("--keep-server", action="store_true", help="leave the private server up")
@@ -155,7 +151,7 @@ def main() -> None:
     for name in libs:
         if name not in LIBS:
             sys.exit(f"unknown library {name!r}: choose from {', '.join(LIBS)}")
-    from bench import cpu, herd, kills
+    from bench import cpu, kills
     from bench.libs import bare, durable
 
     server, owned = start_server(args.keep_server)
@@ -263,8 +259,6 @@ def main() -> None:
                         emit(cpu.measure(server, args.cpu_jobs, procs, run, pinned))
             if ours and "kills" in only and run == 1:  # a distribution over its own kills
                 emit(kills.measure(server, args.kills, run))
-            if ours and "herd" in only and run == 1:  # 1 and 12 idle processes side by side
-                emit(herd.measure(server, args.herd_jobs, run))
             if ours and "memory" in only and run == 1:  # a flatness check, not a comparison
                 bench.drain(
                     ours,
@@ -281,7 +275,6 @@ def main() -> None:
             "bench_durable",
             "bench_bare",
             "bench_kills",
-            "bench_herd",
             BIG_TEMPLATE,
             *(f"bench_{p}" for p in PEERS),
         ):

@@ -6,7 +6,7 @@ import statistics
 from collections.abc import Callable
 from typing import Any
 
-from bench import herd, kills
+from bench import kills
 
 PEERS = ["pgqueuer", "procrastinate", "chancy"]
 
@@ -249,7 +249,6 @@ def render(records: list[dict[str, Any]], info: dict[str, Any], args: Any) -> st
     )
 
     lines += kills.section(records)
-    lines += herd.section(records)
 
     bad = [r for r in records if not r.get("verified")]
     total = len(records)

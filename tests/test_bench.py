@@ -49,28 +49,3 @@ def test_the_kill_benchmark_reports_the_time_to_restart_over_its_kills(env, data
     # The whole fleet's jobs start again within seconds, not a 15 s lease later.
     worst = float(line.rsplit("max ", 1)[1].split(" s")[0])
     assert worst < 3.0, line
-
-
-def test_the_herd_benchmark_reports_one_and_many_idle_processes_side_by_side(
-    env, database_url, tmp_path
-):
-    proc = subprocess.run(
-        [
-            *(sys.executable, "-m", "bench", "--only", "herd", "--libs", "durable"),
-            *("--runs", "1", "--herd-jobs", "20", "--out", str(tmp_path / "report.md")),
-        ],
-        env={**env, "BENCH_DATABASE_URL": database_url},
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=400,
-    )
-    assert proc.returncode == 0, proc.stderr
-    assert "1 of 1 measurements passed" in proc.stdout, proc.stdout
-    rows = [
-        ln.split("|")[1:5] for ln in proc.stdout.splitlines() if ln.startswith(("| 1 ", "| 12 "))
-    ]
-    assert [int(r[0]) for r in rows] == [1, 12], proc.stdout
-    # Sessions per process, idle or answering the trickle: the claims', the writes', the listener's.
-    assert all(1 <= int(r[3]) <= 3 for r in rows), proc.stdout
-    assert "12 processes to 1" in proc.stdout, proc.stdout

@@ -21,7 +21,7 @@ from chaos.harness import OwnServer, reachable_again_seconds, wait_until, worker
 from support import Processes, insert_job, query
 
 from worker.daemon.db import Patience
-from worker.db.postgres import POOL_WAIT, make_pool
+from worker.db.postgres import POOL_CAP, POOL_WAIT, make_pool, pool_size
 from worker.events import PostgresBus
 from worker.models import ProgressEvent
 
@@ -212,7 +212,7 @@ def test_pool_and_bus_connections_bound_how_long_a_silently_cut_network_holds_th
     after TCP's quarter of an hour of retransmissions; an option in the URL wins."""
 
     async def parameters(url: str) -> list[dict[str, str]]:
-        pool = make_pool(url)
+        pool = make_pool(url, 10)
         await pool.open()
         bus = PostgresBus(url)
         bus.publish(ProgressEvent(job_id=str(uuid.uuid4()), step="s", status="progress"))
@@ -398,9 +398,10 @@ def test_stuck_sync_task_is_reported_and_keeps_its_slot_until_it_returns(databas
     assert effects(url, stuck) == 1  # the thread did finish its work, late
 
 
-def test_sessions_are_capped_whatever_the_concurrency(database_url, processes):
+def test_connection_pool_is_capped_whatever_the_concurrency(database_url, processes):
+    assert [pool_size(c) for c in (1, 10, 26, 1000)] == [4, 8, 16, POOL_CAP]
     url = database_url
-    processes.worker(worker_env(url, WORKER_CONCURRENCY="200", PGAPPNAME="capped"), TASKS)
+    processes.worker(worker_env(url, WORKER_CONCURRENCY="200"), TASKS)
     query(
         url,
         "INSERT INTO worker.jobs (task, payload) "
@@ -413,12 +414,12 @@ def test_sessions_are_capped_whatever_the_concurrency(database_url, processes):
         60,
         "all 200 jobs to run at once",
     )
-    (sessions,) = query(
+    (pool_connections,) = query(
         url,
         "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-        "AND application_name = 'capped'",
+        "AND application_name = 'durable-worker'",
     )[0]
-    assert 1 <= sessions <= 3
+    assert 1 <= pool_connections <= POOL_CAP
     wait_until(
         lambda: (
             query(url, "SELECT count(*) FROM worker.jobs WHERE status = 'completed'")[0][0] == 200

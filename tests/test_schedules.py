@@ -48,12 +48,11 @@ def test_concurrent_firings_of_one_tick_insert_one_job(database_url):
 
     async def fire_together(driver: PostgresDriver, at: datetime) -> list[str | None]:
         fire = driver.fire_tick
-        calls = [fire("t every 60s", "t", "every 60s", at, "default") for _ in range(2)]
+        calls = [fire("t every 60s", "t", "every 60s", at, "default") for _ in range(10)]
         return await asyncio.gather(*calls)
 
     async def main() -> list[list[str | None]]:
-        # A session each: a driver sends one statement at a time besides its claims.
-        drivers = [PostgresDriver(database_url) for _ in range(10)]
+        drivers = [PostgresDriver(database_url, concurrency=20) for _ in range(2)]
         for driver in drivers:
             await driver.open()
         try:

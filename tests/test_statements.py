@@ -197,8 +197,6 @@ SAMPLES: dict[str, Any] = {
 # Where one name means another type in one statement: the liveness lock's key is a number.
 OVERRIDES: dict[str, dict[str, Any]] = {
     "liveness.HOLD_LIVENESS": {"key": 1},
-    "wake.TAKE_WAKE_TOKEN": {"key": 1},
-    "wake.GIVE_BACK_WAKE_TOKEN": {"key": 1},
     "console.LIST_JOBS": {"since": NOW},
     "console.COUNT_TABS": {"since": NOW},
     "console.BULK_IDS": {"since": NOW},

@@ -10,15 +10,14 @@ attempt.
 
 The loop is a small state machine (`State`, its moves in `_MOVES`): it is claiming, waiting
 for news or the next poll, full (no slot free), holding jobs claimed ahead, handing them
-back, or stopped. It wakes at once on NOTIFY (a job inserted, a job resumed) if it holds the
-wake token (`wake`: one idle worker of those that claim alike answers, not all of them) and,
-when idle, polls with exponential backoff from `WORKER_POLL_MIN` up to `WORKER_POLL_MAX`:
-notifications are an optimisation, polling alone drains the queue. A job this worker snoozed
-(or retried after a delay its task chose) sends no notification when it is due again, so the
-idle wait also ends when the first of those is due (with the token or without): a polling
-stage runs at the interval it asked for, not up to `WORKER_POLL_MAX` later. In burst mode a
-claim that finds no due job while the worker holds none (none running, claimed ahead or with
-an outcome unwritten) stops the worker: it goes from claiming to stopped.
+back, or stopped. It wakes at once on NOTIFY (a job inserted, a job resumed) and, when idle,
+polls with exponential backoff from `WORKER_POLL_MIN` up to `WORKER_POLL_MAX`: notifications
+are an optimisation, polling alone drains the queue. A job this worker snoozed (or retried
+after a delay its task chose) sends no notification when it is due again, so the idle wait
+also ends when the first of those is due: a polling stage runs at the interval it asked for,
+not up to `WORKER_POLL_MAX` later. In burst mode a claim that finds no due job while the
+worker holds none (none running, claimed ahead or with an outcome unwritten) stops the
+worker: it goes from claiming to stopped.
 
 What this does not do: it does not run jobs (`executor`) nor write their outcomes
 (`completer`); it hands each finished attempt's outcome to `hand_over`.
@@ -39,7 +38,6 @@ from uuid import UUID
 
 from worker.daemon.db import Patience
 from worker.daemon.executor import Executor
-from worker.daemon.wake import WakeToken
 from worker.db.driver import ClaimSpec, Driver
 from worker.db.errors import TRANSIENT
 from worker.logs import fields
@@ -183,10 +181,6 @@ class LocalQueue:
         self._claim_cancels: set[str] | None = None
         # Observer (`worker.metrics`): each claim's round trip and job count. Must be cheap.
         self.on_claim: Callable[[float, int], None] | None = None
-        self._wake: WakeToken | None = None  # made with the claim spec, where tokens exist
-        # A job's news came since the last claim was sent, answered or not: a worker that has
-        # just taken the wake token claims at once for the news it let pass.
-        self._news = False
 
     def _enter(self, state: State) -> None:
         if state not in _MOVES[self.state]:
@@ -199,8 +193,6 @@ class LocalQueue:
         """Claim and start jobs until the worker stops."""
         s = self._settings
         delay = s.poll_min
-        tokens = self._driver.wake_tokens
-        self._wake = None if tokens is None else WakeToken(tokens, spec)
         while not self._stopping():
             short = self.job_seconds < PREFETCH_BELOW_SECONDS
             ahead = PREFETCH_BATCHES * self._concurrency if short else 0
@@ -209,8 +201,6 @@ class LocalQueue:
             # one per slot freed.
             if free <= 0 or self.ahead:
                 self._enter(State.AHEAD if self.ahead else State.FULL)
-                if self._wake is not None:
-                    await self._wake.give_back()  # news now is for an idle worker
                 self.slot_freed.clear()
                 await _wait_until_set(self.slot_freed, PREFETCH_HOLD if self.ahead else None)
                 if self.ahead and time.monotonic() - self.ahead[0][1] >= PREFETCH_HOLD:
@@ -222,7 +212,6 @@ class LocalQueue:
                 continue
             self._enter(State.CLAIMING)
             self.notified.clear()
-            self._news = False
             claim_started = time.perf_counter()
             sent = time.monotonic()
             self._claim_cancels = set()
@@ -255,36 +244,11 @@ class LocalQueue:
             wait = self._until_due_again(sent, delay)
             log.debug("idle: next poll in %.3f s", wait)
             self._enter(State.WAITING)
-            news = await self._idle(wait)
-            delay = next_poll_delay(delay, bool(jobs) or news, s.poll_min, s.poll_max)
+            await _wait_until_set(self.notified, wait)
+            delay = next_poll_delay(
+                delay, bool(jobs) or self.notified.is_set(), s.poll_min, s.poll_max
+            )
         self._enter(State.STOPPED)
-        if self._wake is not None:
-            await self._wake.give_back()
-
-    async def _idle(self, wait: float) -> bool:
-        """Wait for news or the next poll; whether news came that this worker answers. One
-        without the wake token lets new jobs' notifications pass (the holder answers them),
-        and at each poll tries to take the token, claiming only once it has it or its
-        fallback poll is due (`worker.daemon.wake`)."""
-        token = self._wake
-        if token is None or await token.take():
-            if self._news:
-                return True
-            await _wait_until_set(self.notified, wait)
-            return self.notified.is_set()
-        while True:
-            await _wait_until_set(self.notified, wait)
-            # Cleared after the wait, not before: a token given back while this worker's take
-            # was on its way calls it again.
-            self.notified.clear()
-            if self._stopping() or await token.take():
-                return True
-            due, now = self._due_again, time.monotonic()
-            if token.fallback_due() or (due and due[0] <= now):
-                return False  # the poll's own claim, or a job snoozed here is due again
-            wait = min(wait * 2, self._settings.poll_max)
-            if due:
-                wait = min(wait, due[0] - now)
 
     def _until_due_again(self, claimed_at: float, delay: float) -> float:
         """The idle wait: `delay`, or less if a job snoozed here is due again sooner. Jobs due
@@ -356,17 +320,8 @@ class LocalQueue:
     # -- cancel requests --------------------------------------------------------------------
 
     def jobs_notified(self, queue: str | None) -> None:
-        """A job became due in `queue` (None: news may have been missed, look anyway). Only
-        the wake token's holder answers (see `_idle`)."""
-        if queue is not None and queue not in self._queues:
-            return
-        self._news = True
-        if queue is None or self._wake is None or self._wake.held:
-            self.notified.set()
-
-    def wake_notified(self, payload: str | None) -> None:
-        """A holder gave a wake token back: the idle workers of its key race for it."""
-        if payload is not None and self._wake is not None and self._wake.called(payload):
+        """A job became due in `queue` (None: news may have been missed, look anyway)."""
+        if queue is None or queue in self._queues:
             self.notified.set()
 
     def cancel_notified(self, job_id: str | None) -> None:

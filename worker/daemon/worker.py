@@ -56,17 +56,6 @@ _OUTCOME_WORDS = {s: "back to pending" if s == JobStatus.PENDING else str(s) for
 _SAY_WHY = frozenset({JobStatus.PENDING, JobStatus.FAILED})
 
 
-async def _cancel_all(tasks: list[asyncio.Task[Any]]) -> None:
-    """Cancel the tasks and wait for them to end. A task that goes on is cancelled again: on
-    Python 3.11 `asyncio.wait_for` loses a cancel that comes as its wait ends, as when a duty's
-    wait for the pooled connection ends because another duty's cancel just freed it."""
-    pending = set(tasks)
-    while pending:
-        for task in pending:
-            task.cancel()
-        _, pending = await asyncio.wait(pending, timeout=1.0)
-
-
 class DutyFailed(Exception):
     """One of the worker's own tasks (writing outcomes, the heartbeat, the rescuer,
     retention) failed on something retrying cannot mend. The worker stopped, rather
@@ -103,12 +92,8 @@ class Worker:
         self.registry = dict(registry)
         self.queues = list(settings.queues)
         self.concurrency = settings.concurrency
-        own: PostgresDriver | None = None
-        if driver is None:
-            driver = own = PostgresDriver(url)
-        self.driver: Driver = driver
-        # Its progress events go out on its driver's connection, not on one more of their own.
-        self.bus: ProgressBus = bus if bus is not None else PostgresBus(url, driver=own)
+        self.bus: ProgressBus = bus if bus is not None else PostgresBus(url)
+        self.driver: Driver = driver or PostgresDriver(url, settings.concurrency)
         self._stop = asyncio.Event()
         self._patience = Patience(self._stop.is_set, self.driver.confirm_reachable)
         self.store = DaemonStageStore(self.driver, self._patience, self.id)
@@ -222,7 +207,6 @@ class Worker:
         self._subscriptions = [
             self.driver.subscribe("worker_jobs", self._local.jobs_notified),
             self.driver.subscribe("worker_cancel", self._local.cancel_notified),
-            self.driver.subscribe("worker_wake", self._local.wake_notified),
         ]
         for duty in duties:
             duty.add_done_callback(self._duty_ended)
@@ -292,7 +276,9 @@ class Worker:
             await asyncio.wait_for(self.driver.deregister_worker(self.id), 10)
         for subscription in self._subscriptions:
             subscription.close()
-        await _cancel_all(duties)
+        for task in duties:
+            task.cancel()
+        await asyncio.gather(*duties, return_exceptions=True)
         await self.bus.aclose()
         await self._patience.close()
         await self.driver.close()

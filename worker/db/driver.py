@@ -184,17 +184,6 @@ class Closable(Protocol):
     def close(self) -> None: ...
 
 
-class WakeTokens(Protocol):
-    """The tokens that pick which idle worker answers a new job's notification: one per key,
-    held by at most one live worker (`sql.TAKE_WAKE_TOKEN`)."""
-
-    async def take(self, key: int) -> bool:
-        """Take the token of `key` if no one holds it; whether this worker holds it now."""
-
-    async def give_back(self, key: int) -> None:
-        """Give the token back, and tell the other workers of `key` (`worker_wake`)."""
-
-
 class Driver(Protocol):
     """The database as the daemon and the progress bus use it."""
 
@@ -202,9 +191,6 @@ class Driver(Protocol):
     # that the server's end of those sessions tells rescuers it died; None where no session
     # lasts (behind a transaction pooler, in memory): there only the lease tells.
     liveness_key: int | None
-    # The wake tokens, where a session lasts to hold one; None (behind a transaction pooler,
-    # in memory): every idle worker answers every notification.
-    wake_tokens: WakeTokens | None
 
     async def open(self) -> None:
         """Start connecting (without waiting for the database)."""
@@ -216,9 +202,8 @@ class Driver(Protocol):
 
     def subscribe(self, channel: str, callback: Callable[[str | None], None]) -> Closable:
         """Call `callback(payload)` on the caller's event loop for each notification on
-        `channel` (`worker_jobs`: a queue with news; `worker_cancel`: a job id; `worker_wake`:
-        the key of a wake token given back), and `callback(None)` whenever some may have been
-        missed."""
+        `channel` (`worker_jobs`: a queue with news; `worker_cancel`: a job id), and
+        `callback(None)` whenever some may have been missed."""
 
     # -- liveness ---------------------------------------------------------------------------
 

@@ -30,7 +30,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from uuid import UUID
 
-from worker.db.driver import LOCKED, Beat, Locked, RecordedOutcome, RescuedJob, WakeTokens
+from worker.db.driver import LOCKED, Beat, Locked, RecordedOutcome, RescuedJob
 from worker.db.errors import Unsupported
 from worker.db.memory_stages import MemoryStageStore
 from worker.models import (
@@ -109,7 +109,6 @@ class MemoryDriver:
     """`worker.db.driver.Driver` in plain Python; see the module's docs."""
 
     liveness_key: int | None = None  # no sessions: only the lease judges a worker dead
-    wake_tokens: WakeTokens | None = None  # nor a token: every idle worker answers news
 
     def __init__(self) -> None:
         self.jobs: dict[str, MemoryJob] = {}

@@ -1,12 +1,12 @@
 """One LISTEN connection per process and database, shared by everything that waits for news.
 
-The claim loop hears of new jobs (`worker_jobs`), cancel requests (`worker_cancel`) and wake
-tokens given back (`worker_wake`), job handles hear that their job finished (`worker_done`),
-and SSE streams hear of new progress events (`worker_events`), all through the one `Notifier`
-of their database: one connection, one reconnect policy, however many waiters. A background
-thread owns the connection; it calls each subscriber's callback from that thread with the
-notification's payload, and with `None` whenever notifications may have been missed (the
-connection was lost, or made again), so that every subscriber reads its state afresh then.
+The claim loop hears of new jobs (`worker_jobs`) and cancel requests (`worker_cancel`), job
+handles hear that their job finished (`worker_done`), and SSE streams hear of new progress
+events (`worker_events`), all through the one `Notifier` of their database: one connection,
+one reconnect policy, however many waiters. A background thread owns the connection; it calls
+each subscriber's callback from that thread with the notification's payload, and with `None`
+whenever notifications may have been missed (the connection was lost, or made again), so that
+every subscriber reads its state afresh then.
 
     subscription = notifier(url).subscribe("worker_done", on_done)
     subscription.ready.wait(5)     # LISTEN is in place: nothing sent from now on is missed

@@ -1,16 +1,12 @@
 """The PostgreSQL driver: the daemon's and the bus's operations over psycopg pools.
 
 `PostgresDriver` implements `worker.db.driver.Driver` with the statements of `worker.db.sql`
-on two connections, each a pool of one made by `worker.db.connect.async_pool`: the claim
-loop's own, whose session keeps the claim's plan, and one for every other statement (outcome
-and stage writes, the duties, progress events). With the process's listening connection that
-is three sessions per worker process whatever its concurrency: a running job holds none, and
-every write is a batch, so one connection keeps up with the slots, and many workers fit in a
-server's `max_connections` without a pooler. Broken pooled connections are dropped on first
-use and replaced. The pool gives up each reconnection attempt after `RECONNECT_WINDOW`
-seconds, so the next statement starts a fresh attempt at once: left to itself, the pool's
-backoff keeps doubling through a long outage and would leave the worker idle for long after
-the database came back.
+on pools made by `worker.db.connect.async_pool`: one for every statement but the claim, and
+the claim loop's own connection, whose session keeps the claim's plan. Broken pooled
+connections are dropped on first use and replaced. The pool gives up each reconnection attempt
+after `RECONNECT_WINDOW` seconds, so the next statement starts a fresh attempt at once: left
+to itself, the pool's backoff keeps doubling through a long outage and would leave the worker
+idle for long after the database came back.
 
 What this does not do: it does not retry a statement, nor log an outage (the daemon's
 `Patience` does both); it raises the `TRANSIENT` errors as they come.
@@ -47,16 +43,29 @@ from worker.db.driver import (
     StagePlans,
     StageWrite,
     UnreadableJSON,
-    WakeTokens,
 )
 from worker.db.errors import EVENTS_REFUSED, Refused
 from worker.db.notifier import Subscription, notifier
 from worker.db.records import array_literal, json_records
-from worker.db.wake import SessionWakeTokens
 from worker.models import ClaimedJob, JobStatus, ProgressEvent, StageHistory, StageRow
 
+POOL_CAP = 16  # connections per worker process, whatever its concurrency
 POOL_WAIT = 5.0  # seconds a statement waits for a pooled connection before it is retried
 RECONNECT_WINDOW = 3.0  # seconds the pool keeps retrying one reconnection before giving up
+
+
+def pool_size(concurrency: int) -> int:
+    """Connections the daemon may open (its pool and the claim loop's) for a given
+    `WORKER_CONCURRENCY`.
+
+    A running job holds no connection (see `Worker`): the claim loop, the completer and the
+    duties need one each, stage bookkeeping a few more. Capped, so that many busy workers do
+    not exhaust the server's `max_connections`.
+
+    >>> pool_size(1), pool_size(10), pool_size(1000)
+    (4, 8, 16)
+    """
+    return min(3 + max(1, concurrency // 2), POOL_CAP)
 
 
 # A dict lookup per row read: calling the enum class runs its metaclass's lookup each time.
@@ -95,11 +104,10 @@ async def _configure_claims(conn: psycopg.AsyncConnection[Any]) -> None:
         await conn.execute("SET plan_cache_mode = force_generic_plan")
 
 
-def make_pool(url: str) -> AsyncConnectionPool:
-    """The connection of every statement but the claim. One: the writes come in batches, so
-    a statement waits for the one before it rather than for a session of its own, and a burst
-    of duties does not leave idle sessions behind it."""
-    return _pool(url, 1, 1, _configure, "worker")
+def make_pool(url: str, concurrency: int) -> AsyncConnectionPool:
+    """The pool of every statement but the claim: `pool_size(concurrency)` less the claim's."""
+    size = pool_size(concurrency) - 1
+    return _pool(url, min(2, size), size, _configure, "worker")
 
 
 def claim_pool(url: str, liveness_key: int | None = None) -> AsyncConnectionPool:
@@ -171,27 +179,21 @@ LISTENER_NAME = "durable-worker-listener"
 
 class PostgresDriver:
     """`worker.db.driver.Driver` on PostgreSQL. The daemon's pools are made at once and opened
-    by `open`; the bus's connections (one writer, a small pool of readers) on first use.
+    by `open`; the bus's connections (one writer, a small pool of readers) on first use."""
 
-    Once opened, the driver writes progress events on its own pool too: a worker's bus
-    (`PostgresBus(url, driver=...)`) then costs it no session of its own."""
-
-    def __init__(self, url: str, *, events_readers: int = 4) -> None:
+    def __init__(self, url: str, concurrency: int = 1, *, events_readers: int = 4) -> None:
         self.url = url
         # Behind a transaction pooler no session lasts: no lock can outlive a transaction.
         self.liveness_key = None if pooled() else secrets.randbelow(2**31 - 1) + 1
-        self.pool: AsyncConnectionPool[Any] = make_pool(url)
+        self.pool: AsyncConnectionPool[Any] = make_pool(url, concurrency)
         self.claims: AsyncConnectionPool[Any] = claim_pool(url, self.liveness_key)
-        self.wake_tokens: WakeTokens | None = None if pooled() else SessionWakeTokens(self.claims)
         self.events_connection: psycopg.AsyncConnection[Any] | None = None
         self._events_readers: AsyncConnectionPool[Any] | None = None
         self._events_readers_size = events_readers
         # A worker's claim spec, as the claim's parameters: made once, not at every claim.
         self._claim_spec: tuple[ClaimSpec, dict[str, Any]] | None = None
-        self._opened = False
 
     async def open(self) -> None:
-        self._opened = True
         await self.pool.open(wait=False)
         await self.claims.open(wait=False)
 
@@ -406,10 +408,6 @@ class PostgresDriver:
     # -- progress events --------------------------------------------------------------------
 
     async def publish_events(self, batch: Sequence[EventWrite]) -> list[str]:
-        if self._opened:  # a worker's driver: its pool replaces a broken connection itself
-            events = f"[{','.join(map(_event_record, batch))}]"
-            rows = await fetch(self.pool, sql.PUBLISH_EVENTS, {"events": events})
-            return list(rows[0][1] or ()) if rows else []
         if self.events_connection is None or self.events_connection.closed:
             self.events_connection = await aconnect(self.url, EVENTS_APPLICATION_NAME)
         events = f"[{','.join(map(_event_record, batch))}]"

@@ -104,17 +104,14 @@ class PostgresBus:
         max_buffer: int = 100_000,
         flush_interval: float = 0.05,
         read_pool_size: int = 4,
-        driver: PostgresDriver | None = None,
     ) -> None:
         self.url = url
         self.dropped = 0
         self._max_buffer = max_buffer
         self._lock = threading.Lock()
         self._flusher: asyncio.Task[None] | None = None
-        # One connection writes, a small pool reads (opened on first use); or a worker's own
-        # driver, which writes on its pool: the worker closes that one.
-        self._owns_driver = driver is None
-        self._driver = driver or PostgresDriver(url, events_readers=read_pool_size)
+        # One connection writes, a small pool reads (opened on first use).
+        self._driver = PostgresDriver(url, events_readers=read_pool_size)
         self._batcher: Batcher[EventWrite, None] = Batcher(
             self._write,
             judge=_judge,
@@ -241,8 +238,7 @@ class PostgresBus:
         if self._subscription is not None:
             self._subscription.close()
             self._subscription = None
-        if self._owns_driver:
-            await self._driver.close()
+        await self._driver.close()
 
 
 def _judge(batch: list[EventWrite], exc: Exception, alone: bool) -> Verdict:

@@ -7,7 +7,6 @@ says in one line why it is safe. Callers name a statement as `sql.CLAIM`, wherev
 - `enqueue`: one job, a batch, and their idempotent twins;
 - `claim`: the worker's hot path, the claim and the outcome write;
 - `liveness`: registrations, heartbeats, the rescue of a dead worker's jobs;
-- `wake`: the token that picks which idle worker answers a new job's notification;
 - `actions`: cancel, resume, retry and read one job; retention;
 - `stages`: a pipeline's stage bookkeeping;
 - `events`: progress events;
@@ -103,7 +102,6 @@ from worker.db.sql.stages import (
     RECORD_FINAL_ERROR,
     STAGE_WRITES,
 )
-from worker.db.sql.wake import GIVE_BACK_WAKE_TOKEN, TAKE_WAKE_TOKEN
 from worker.db.sql.workflows import (
     CANCEL_WORKFLOW,
     ENQUEUE_WORKFLOW,
@@ -142,7 +140,6 @@ __all__ = [
     "GET_JOB",
     "GET_STAGES",
     "GET_WORKFLOW",
-    "GIVE_BACK_WAKE_TOKEN",
     "HAS_VERSION_TABLE",
     "HEALTH",
     "HEARTBEAT",
@@ -182,7 +179,6 @@ __all__ = [
     "STAGE_WRITES",
     "STUCK_BY_QUEUE",
     "SUMMARY_BY_STATUS",
-    "TAKE_WAKE_TOKEN",
     "UNSERVED_TASKS",
     "WAITING_FOR",
     "WORKFLOW_JOBS",
