@@ -38,12 +38,8 @@ LAYERS = [
     {"cron", "ids", "schema", "models", "logs", "urls", "progress_bar"},
 ]
 
-# The imports allowed to close a circle, each with its reason. The `WorkflowHandle` reads, waits
-# and cancels through the client that made it, and the clients make handles.
-CIRCLE_ALLOWED = {
-    ("worker.client.workflows", "worker.client._async"),
-    ("worker.client.workflows", "worker.client._sync"),
-}
+# The imports allowed to close a circle, each with its reason: none.
+CIRCLE_ALLOWED: set[tuple[str, str]] = set()
 
 Edge = tuple[str, str]
 

@@ -7,20 +7,35 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol, TypeGuard, cast
 
 from worker.client.errors import JobNotFound
-from worker.client.job import Job, JobError, new_job
+from worker.client.job import CLIENTS, AsyncReader, Job, JobError, Reader, new_job
 from worker.client.validation import JobSpec
 from worker.client.waiting import deadline_of, time_left
 from worker.db import sql
+from worker.db.client_async import AsyncDatabase
+from worker.db.client_sync import Database
 from worker.models import JobStatus
 
-if TYPE_CHECKING:
-    from worker.client._async import AsyncClient
-    from worker.client._sync import Client
+
+class WorkflowReader(Reader, Protocol):
+    """What a handle reads and cancels through: a blocking client (`worker.Client`)."""
+
+    _db: Database
+
+
+class AsyncWorkflowReader(AsyncReader, Protocol):
+    """What a handle reads through by awaiting: an asyncio client (`worker.AsyncClient`)."""
+
+    _db: AsyncDatabase
+
+
+def _awaited(client: WorkflowReader | AsyncWorkflowReader) -> TypeGuard[AsyncWorkflowReader]:
+    return inspect.iscoroutinefunction(client.get)
 
 
 class WorkflowNotFound(LookupError):
@@ -45,27 +60,26 @@ class WorkflowHandle:
     key: str | None
     # Each job's handle by node name, in the order the nodes were added.
     jobs: dict[str, Job]
-    client: Client | AsyncClient = field(repr=False, compare=False)
+    client: WorkflowReader | AsyncWorkflowReader = field(repr=False, compare=False)
     # The enqueue found a workflow holding its key: this is that workflow.
     duplicate: bool = False
     # Each node's parents, by node name (a parent outside the workflow by its job id); read
     # back by `Workflow.get`, empty on a handle fresh from an enqueue.
     parents: dict[str, list[str]] = field(default_factory=dict)
 
-    def _sync(self) -> Client:
-        # Imported here: the clients make handles, so they import this module first.
-        from worker.client._sync import Client
+    def _sync(self) -> WorkflowReader:
+        """The client that made the handle, or a blocking one for its database."""
+        if _awaited(self.client):
+            assert CLIENTS.for_url is not None, "worker.client sets it when imported"
+            return cast(WorkflowReader, CLIENTS.for_url(self.client.url))
+        return cast(WorkflowReader, self.client)
 
-        return self.client if isinstance(self.client, Client) else Client(self.client.url)
-
-    def _async(self) -> AsyncClient | None:
-        """The client that made the handle, if it is an `AsyncClient`."""
-        from worker.client._async import AsyncClient
-
-        return self.client if isinstance(self.client, AsyncClient) else None
+    def _async(self) -> AsyncWorkflowReader | None:
+        """The client that made the handle, if it is an asyncio client."""
+        return self.client if _awaited(self.client) else None
 
     @classmethod
-    def read(cls, workflow_id: str, client: Client) -> WorkflowHandle:
+    def read(cls, workflow_id: str, client: WorkflowReader) -> WorkflowHandle:
         """The workflow as it stands, with a handle on each of its jobs."""
         found = client._db.run(sql.GET_WORKFLOW, {"id": workflow_id})
         if not found:
@@ -73,8 +87,8 @@ class WorkflowHandle:
         return cls._of(found[0], client._db.run(sql.WORKFLOW_JOBS, {"id": workflow_id}), client)
 
     @classmethod
-    async def read_async(cls, workflow_id: str, client: AsyncClient) -> WorkflowHandle:
-        """`read` on an `AsyncClient`."""
+    async def read_async(cls, workflow_id: str, client: AsyncWorkflowReader) -> WorkflowHandle:
+        """`read` on an asyncio client."""
         found = await client._db.run(sql.GET_WORKFLOW, {"id": workflow_id})
         if not found:
             raise WorkflowNotFound(f"no workflow {workflow_id}")
@@ -82,7 +96,9 @@ class WorkflowHandle:
         return cls._of(found[0], job_rows, client)
 
     @classmethod
-    def _of(cls, row: Any, job_rows: Any, client: Client | AsyncClient) -> WorkflowHandle:
+    def _of(
+        cls, row: Any, job_rows: Any, client: WorkflowReader | AsyncWorkflowReader
+    ) -> WorkflowHandle:
         """The handle of `sql.GET_WORKFLOW`'s row and `sql.WORKFLOW_JOBS`' rows."""
         jobs: dict[str, Job] = {}
         parent_ids: dict[str, list[str]] = {}
@@ -179,7 +195,7 @@ class WaitedParent:
     status: JobStatus | None  # None: no such job (it will count as deleted)
 
 
-def waiting_for(client: Client, job_id: str) -> list[WaitedParent]:
+def waiting_for(client: WorkflowReader, job_id: str) -> list[WaitedParent]:
     """The parents the job still waits for, by id; none for a job that is not held."""
     return [
         WaitedParent(str(r.parent_id), r.node, r.task, JobStatus(r.status) if r.status else None)
@@ -203,11 +219,11 @@ def _summary(r: Any) -> WorkflowSummary:
     return WorkflowSummary(str(r.id), r.name, r.key, r.created_at, int(r.jobs), _counts(r))
 
 
-def list_workflows(client: Client, limit: int) -> list[WorkflowSummary]:
+def list_workflows(client: WorkflowReader, limit: int) -> list[WorkflowSummary]:
     """The newest `limit` workflows, newest first."""
     return [_summary(r) for r in client._db.run(sql.LIST_WORKFLOWS, {"limit": limit})]
 
 
-async def list_workflows_async(client: AsyncClient, limit: int) -> list[WorkflowSummary]:
-    """`list_workflows` on an `AsyncClient`."""
+async def list_workflows_async(client: AsyncWorkflowReader, limit: int) -> list[WorkflowSummary]:
+    """`list_workflows` on an asyncio client."""
     return [_summary(r) for r in await client._db.run(sql.LIST_WORKFLOWS, {"limit": limit})]
