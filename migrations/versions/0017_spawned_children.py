@@ -97,8 +97,9 @@ END $$
 
 SPAWN_SIGNATURE = "worker.spawn(uuid, json, json, jsonb)"
 
-# Once per UPDATE statement: the jobs it moved from `processing` to `held` (an attempt that
-# waits for its children) wait on all their children, and the outcomes of those that ended
+# For each job an UPDATE moves from `processing` to `held` (an attempt that waits for its
+# children), and for no other row, so the claim's and the outcomes' writes pay nothing: it waits
+# on all its children, and the outcomes of those that ended
 # while the job ran are replayed through `worker.parents_ended()`, so the rule that releases
 # or cancels a held job stays in that one function. The children are locked first, in a
 # statement of their own: what follows reads every outcome committed before the lock was
@@ -113,12 +114,7 @@ DECLARE
     ended_outcomes text[];
     changed integer;
 BEGIN
-    SELECT array_agg(n.id ORDER BY n.id) INTO waiting
-    FROM new_rows AS n JOIN old_rows AS o ON o.id = n.id
-    WHERE n.status = 'held' AND o.status = 'processing';
-    IF waiting IS NULL THEN
-        RETURN NULL;
-    END IF;
+    waiting := ARRAY[NEW.id];
     PERFORM FROM worker.jobs AS c
     WHERE c.id = ANY(ARRAY(SELECT d.parent_id FROM worker.job_dependencies AS d
                            WHERE d.child_id = ANY(waiting) AND d.spawn_order IS NOT NULL))
@@ -158,13 +154,13 @@ BEGIN
 END $$
 """
 
-# Named to fire before `jobs_ended` (triggers of one event fire in name order): when one outcome
-# write both ends a child and moves its spawner to `held`, the spawner counts that child first,
-# then `jobs_ended` takes it off the count.
+# A row trigger fires at the end of its statement, before the statement trigger `jobs_ended`:
+# when one outcome write both ends a child and moves its spawner to `held`, the spawner counts
+# that child first, then `jobs_ended` takes it off the count.
 TRIGGER = """
-CREATE TRIGGER jobs_awaiting_children AFTER UPDATE ON worker.jobs
-    REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
-    FOR EACH STATEMENT EXECUTE FUNCTION worker.jobs_awaiting_children()
+CREATE TRIGGER jobs_awaiting_children AFTER UPDATE OF status ON worker.jobs
+    FOR EACH ROW WHEN (OLD.status = 'processing' AND NEW.status = 'held')
+    EXECUTE FUNCTION worker.jobs_awaiting_children()
 """
 
 # 0014's `worker.parent_results()`, with each spawned child's key: declared parents first, in

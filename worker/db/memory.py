@@ -380,14 +380,10 @@ class MemoryDriver:
     def _record(self, policy: RetryPolicy, write: OutcomeWrite) -> RecordedOutcome:
         """The job's status after its outcome, as `sql.RECORD_OUTCOMES` decides it."""
         job, o = self.jobs[write.job_id], write.outcome
-        now = time.monotonic()
-        limit = write.max_retries
-        comes_back = o.kind in (
-            OutcomeKind.RETRY,
-            OutcomeKind.SNOOZED,
-            OutcomeKind.PAUSED,
-            OutcomeKind.WAITING,
-        )
+        if o.kind == OutcomeKind.WAITING:  # `ctx.spawn` writes its children to PostgreSQL
+            raise Unsupported("the in-memory driver has no spawned children to wait for")
+        now, limit = time.monotonic(), write.max_retries
+        comes_back = o.kind in (OutcomeKind.RETRY, OutcomeKind.SNOOZED, OutcomeKind.PAUSED)
         if comes_back and job.cancel_requested:
             job.status, job.run_at = JobStatus.PENDING, now  # the next claim settles it
         elif o.kind == OutcomeKind.RETRY and job.retry_count < limit:
@@ -401,8 +397,6 @@ class MemoryDriver:
             job.status = JobStatus.FAILED
         elif o.kind == OutcomeKind.SNOOZED:
             job.status, job.run_at = JobStatus.PENDING, now + (o.delay or 0.0)
-        elif o.kind == OutcomeKind.WAITING:  # no job here spawns children: none to wait for
-            job.status = JobStatus.PENDING
         else:
             job.status = JobStatus(o.kind.value)
         if o.kind == OutcomeKind.COMPLETED:

@@ -11,6 +11,7 @@ import json
 import logging
 import re
 import time
+from abc import ABC, abstractmethod
 
 _SECRET = re.compile(r"(://[^:/@\s]+):[^@\s]*@")
 # Keys a JSON line always has; an event's fields never overwrite them.
@@ -51,21 +52,21 @@ def fields(event: str, **values: object) -> dict[str, object]:
     return {"event": event, "fields": values}
 
 
-class Lines(logging.Formatter):
+class Lines(logging.Formatter, ABC):
     """A form of line: `line` builds it from a record's parts, `format` from a record."""
 
     def __init__(self) -> None:
         super().__init__()
         self._second, self._stamp = -1, ""  # the time shown changes once a second: format it once
 
+    @abstractmethod
     def line(
         self, created: float, levelname: str, name: str, message: str, event: str, values: object
-    ) -> str:
-        raise NotImplementedError
+    ) -> str: ...
 
+    @abstractmethod
     def stamp(self, second: int) -> str:
         """The shown time of every line logged in `second` (since the epoch)."""
-        raise NotImplementedError
 
     def _stamp_of(self, second: int) -> str:
         if second != self._second:
